@@ -1,0 +1,23 @@
+"""autotune: tune PyTorch DDP throughput with an Optuna study of real DDP trials on Ray.
+
+Public surface: ``Profile`` (load and apply a tuned profile), ``Workload`` (what a trainer
+returns), ``SearchSpace`` and the error classes.
+"""
+
+from __future__ import annotations
+
+from autotune.errors import AutotuneError, BaselineFailed, ConfigError, TrialFailed
+from autotune.profile import Profile
+from autotune.space import SearchSpace
+from autotune.workload import Workload
+
+__all__ = [
+    "AutotuneError",
+    "BaselineFailed",
+    "ConfigError",
+    "Profile",
+    "SearchSpace",
+    "TrialFailed",
+    "Workload",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,259 @@
+"""The ``autotune`` command: run, export, and listings of spaces, trainers and studies.
+
+Bad input is one line on stderr naming the thing and the fix, exit code 2, nothing written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.durations import parse_duration
+from autotune.errors import AutotuneError, BaselineFailed, ConfigError
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def default_run_dir() -> Path:
+    """Where run outputs go: $AUTOTUNE_HOME, else ~/.autotune (never the source tree)."""
+    return Path(os.environ.get("AUTOTUNE_HOME") or Path.home() / ".autotune")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, like every other bad input
+        self.exit(
+            EXIT_USAGE,
+            f"autotune: error: {message} (see autotune {self.prog.split()[-1]} --help)\n",
+        )
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="autotune", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    r = sub.add_parser("run", help="tune a DDP workload and export the best profile")
+    r.add_argument(
+        "--study",
+        default="default",
+        help="study definition: a name from studies/ or a YAML file (default: default)",
+    )
+    r.add_argument("--space", help="search space: a name from search_spaces/ or a YAML file")
+    r.add_argument(
+        "--budget",
+        help="wall-clock time this invocation may launch trials for, "
+        "e.g. 90s, 10m, 2h, 1h30m. Per invocation: running the command again "
+        "resumes the same study with a fresh budget and keeps its trials",
+    )
+    r.add_argument("--trainer", help="built-in trainer name or package.module:function")
+    r.add_argument(
+        "--trainer-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword option for the trainer (repeatable), e.g. width=1024",
+    )
+    r.add_argument("--world-size", type=int, help="DDP ranks per trial")
+    r.add_argument("--backend", choices=("auto", "gloo", "nccl"))
+    r.add_argument("--sampler", help="tpe (default), gp, random, cmaes or grid")
+    r.add_argument("--seed", type=int, help="sampler and data seed")
+    r.add_argument(
+        "--trial-timeout",
+        help="kill a trial after this long (default: 4x the "
+        "baseline trial's duration, at least 60s)",
+    )
+    r.add_argument(
+        "--study-name",
+        help="Optuna study name (default: derived from the study "
+        "definition, trainer, backend and world size); an existing one is resumed",
+    )
+    r.add_argument("--storage", help="Optuna RDB URL (default: sqlite in the run directory)")
+    r.add_argument(
+        "--run-dir",
+        type=Path,
+        help="where the database and profiles go (default: $AUTOTUNE_HOME or ~/.autotune)",
+    )
+    r.add_argument(
+        "--address",
+        help="join this Ray cluster (auto or HOST:PORT) instead of starting a local instance",
+    )
+    r.add_argument(
+        "--profile",
+        type=Path,
+        help="where to write the profile YAML (default: RUN_DIR/profiles/STUDY_NAME.yaml)",
+    )
+    r.add_argument("--quiet", action="store_true", help="print only the summary")
+
+    e = sub.add_parser("export", help="write the best profile of an existing study")
+    e.add_argument("--study-name", required=True)
+    e.add_argument("--storage", help="Optuna RDB URL (default: sqlite in the run directory)")
+    e.add_argument("--run-dir", type=Path)
+    e.add_argument("-o", "--output", type=Path, help="profile path (default: stdout)")
+
+    sub.add_parser("spaces", help="list the built-in search spaces and the knobs they may use")
+    sub.add_parser("trainers", help="list the built-in trainers")
+    sub.add_parser("studies", help="list the built-in study definitions")
+    return p
+
+
+def _trainer_options(items: list[str]) -> dict[str, Any]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--trainer-option {item!r}: write it as KEY=VALUE, e.g. width=1024")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from autotune.studydef import StudyDefinition
+    from autotune.tuner import RunRequest, run
+
+    d = StudyDefinition.load(args.study)
+    options = {**d.trainer_options, **_trainer_options(args.trainer_option)}
+    if args.trainer and args.trainer != d.trainer and not args.trainer_option:
+        options = {}  # the definition's options belong to its own trainer
+    d = d.override(
+        space=args.space,
+        budget_s=None if args.budget is None else parse_duration(args.budget),
+        trainer=args.trainer,
+        trainer_options=options,
+        world_size=args.world_size,
+        backend=args.backend,
+        sampler=args.sampler,
+        seed=args.seed,
+        trial_timeout_s=(
+            None
+            if args.trial_timeout is None
+            else parse_duration(args.trial_timeout, what="--trial-timeout")
+        ),
+    )
+    if args.world_size is not None and args.world_size < 1:
+        raise ConfigError(f"--world-size: must be at least 1, got {args.world_size}")
+    console = Console(stderr=False)
+    req = RunRequest(
+        definition=d,
+        run_dir=(args.run_dir or default_run_dir()).expanduser().absolute(),
+        study_name=args.study_name,
+        storage_url=args.storage,
+        address=args.address,
+        profile_path=args.profile,
+    )
+    summary = run(req, console=None if args.quiet else console)
+    t = summary.trials
+    console.print(
+        f"\nStudy      {summary.study_name}: {t.get('complete', 0)} complete, "
+        f"{t.get('failed', 0)} failed, {t.get('pruned', 0)} pruned",
+        highlight=False,
+    )
+    if summary.baseline and summary.best:
+        console.print(
+            f"Throughput baseline {summary.baseline:.1f} samples/s, best "
+            f"{summary.best:.1f} samples/s ({summary.best / summary.baseline:.2f}x)",
+            highlight=False,
+        )
+    console.print(f"Storage    {summary.storage_url}", highlight=False, soft_wrap=True)
+    if summary.profile_path:
+        console.print(f"Profile    {summary.profile_path}", highlight=False, soft_wrap=True)
+    console.print(
+        f"Dashboard  optuna-dashboard {summary.storage_url}", highlight=False, soft_wrap=True
+    )
+    if summary.interrupted:
+        return EXIT_INTERRUPTED
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    import optuna
+
+    from autotune import storage as storage_mod
+    from autotune.tuner import export_profile
+
+    url = args.storage or storage_mod.default_url(
+        (args.run_dir or default_run_dir()).expanduser().absolute()
+    )
+    storage_mod.check_url(url)
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
+        raise ConfigError(f"--storage {url}: no such database; give the one `autotune run` used")
+    try:
+        study = optuna.load_study(study_name=args.study_name, storage=url)
+    except KeyError:
+        names = [s.study_name for s in optuna.get_all_study_summaries(url)]
+        raise ConfigError(
+            f"--study-name {args.study_name}: no such study in {url}; it has "
+            f"{', '.join(names) or 'none'}"
+        ) from None
+    if args.output:
+        print(export_profile(study, args.output))
+    else:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            sys.stdout.write(export_profile(study, Path(tmp) / "p.yaml").read_text())
+    return 0
+
+
+def _cmd_spaces(args: argparse.Namespace) -> int:
+    from autotune.knobs import KNOBS
+    from autotune.space import SearchSpace, available_spaces
+
+    for name in available_spaces():
+        s = SearchSpace.load(name)
+        print(f"{name:10} {s.description}")
+    print("\nknobs a space may use (section.name: what it does):")
+    for k in KNOBS.values():
+        print(f"  {k.section}.{k.name}: {k.doc}")
+    return 0
+
+
+def _cmd_trainers(args: argparse.Namespace) -> int:
+    from autotune.workload import available_trainers
+
+    for name, doc in available_trainers().items():
+        print(f"{name:12} {doc}")
+    return 0
+
+
+def _cmd_studies(args: argparse.Namespace) -> int:
+    from autotune.studydef import StudyDefinition, available_studies
+
+    for name in available_studies():
+        print(f"{name:10} {StudyDefinition.load(name).description}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    command = {
+        "run": _cmd_run,
+        "export": _cmd_export,
+        "spaces": _cmd_spaces,
+        "trainers": _cmd_trainers,
+        "studies": _cmd_studies,
+    }[args.command]
+    try:
+        return command(args)
+    except ConfigError as e:
+        print(f"autotune: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except BaselineFailed as e:
+        print(f"autotune: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("autotune: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except AutotuneError as e:
+        print(f"autotune: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

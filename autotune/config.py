@@ -1,0 +1,109 @@
+"""One trial's configuration, in the sections the profile uses and the ranks apply.
+
+``TrialConfig.from_values`` turns a full assignment of knob values (``ResolvedSpace.suggest``)
+into the settings each rank applies where they act:
+
+* ``env``: process environment (``NCCL_*``, ``OMP_NUM_THREADS``), put in every rank's process
+  when Ray starts it, before the process group exists;
+* ``ddp``: ``DistributedDataParallel`` kwargs, plus ``comm_hook`` registered after wrapping;
+* ``data``: ``DataLoader`` kwargs;
+* ``precision``: autocast dtype and GradScaler (or TF32 matmuls);
+* ``batch``: micro-batch per rank and the accumulation steps that keep the global batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from autotune.knobs import KNOBS, UNSET, Target
+
+__all__ = ["TrialConfig"]
+
+#: PowerSGD compresses from this iteration on; small so that warm-up covers the switch.
+#: (torch's default of 1000 would make every short trial measure plain all-reduce.)
+POWERSGD_START_ITER = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialConfig:
+    """Everything one trial sets, grouped by where it acts."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables of every rank process."""
+    ddp: dict[str, Any] = field(default_factory=dict)
+    """DistributedDataParallel kwargs."""
+    comm_hook: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
+    """``{name: none|fp16|bf16|powersgd, ...}`` with PowerSGD's options."""
+    data: dict[str, Any] = field(default_factory=dict)
+    """DataLoader kwargs."""
+    precision: str = "fp32"
+    """fp32, tf32, bf16 or fp16."""
+    micro_batch: int = 1
+    """Samples per rank per forward/backward."""
+    accumulation_steps: int = 1
+    """Micro-steps per optimizer step (all-reduce only on the last)."""
+    global_batch: int = 1
+    """micro_batch x accumulation_steps x world size."""
+    threads: int = 1
+    """torch intra-op threads per rank."""
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any], target: Target) -> TrialConfig:
+        """Every knob's value (defaults included) -> the configuration of one trial."""
+        env = {
+            name: str(values[name])
+            for name, k in KNOBS.items()
+            if k.section == "nccl" and values[name] != UNSET
+        }
+        env["OMP_NUM_THREADS"] = str(values["threads"])
+        hook: dict[str, Any] = {"name": values["comm_hook"]}
+        if hook["name"] == "powersgd":
+            hook["matrix_approximation_rank"] = values["powersgd_rank"]
+            hook["start_powerSGD_iter"] = POWERSGD_START_ITER
+        data: dict[str, Any] = {
+            "num_workers": values["num_workers"],
+            "pin_memory": values["pin_memory"],
+        }
+        if values["num_workers"] > 0:
+            data["prefetch_factor"] = values["prefetch_factor"]
+            data["persistent_workers"] = values["persistent_workers"]
+        micro = values["micro_batch"]
+        per_rank = target.per_rank_batch
+        return cls(
+            env=env,
+            ddp={
+                "bucket_cap_mb": float(values["bucket_cap_mb"]),
+                "gradient_as_bucket_view": values["gradient_as_bucket_view"],
+                "static_graph": values["static_graph"],
+            },
+            comm_hook=hook,
+            data=data,
+            precision=values["precision"],
+            micro_batch=micro,
+            accumulation_steps=per_rank // micro,
+            global_batch=micro * (per_rank // micro) * target.world_size,
+            threads=values["threads"],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrialConfig:
+        return cls(**dict(data))
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasureSettings:
+    """How a trial measures throughput."""
+
+    warmup_steps: int = 5
+    """Optimizer steps run before timing (process-group warm-up, allocator, caches)."""
+    window_s: float = 3.0
+    """Target length of the timed window, in seconds."""
+    min_steps: int = 3
+    """Fewest optimizer steps in the timed window."""
+    max_steps: int = 100_000
+    """Most optimizer steps in the timed window."""

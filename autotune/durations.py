@@ -1,0 +1,61 @@
+"""Budgets and timeouts written the way people say them: ``90s``, ``10m``, ``2h``, ``1h30m``."""
+
+from __future__ import annotations
+
+import re
+
+from autotune.errors import ConfigError
+
+__all__ = ["format_duration", "parse_duration"]
+
+_UNIT_SECONDS = {"h": 3600, "m": 60, "s": 1}
+_PART = re.compile(r"(\d+(?:\.\d+)?)([hms])")
+
+
+def parse_duration(text: str | int | float, *, what: str = "--budget") -> float:
+    """Seconds in ``text``: ``90s``, ``10m``, ``2h``, ``1h30m``, or a bare number of seconds.
+
+    Each unit may appear once, in the order h, m, s. Raises ConfigError naming ``what``.
+    """
+    if isinstance(text, bool):
+        raise ConfigError(f"{what}: expected a duration like 90s, 10m, 2h or 1h30m, got {text!r}")
+    if isinstance(text, (int, float)):
+        seconds = float(text)
+    else:
+        s = str(text).strip().lower().replace(" ", "")
+        seconds = _parse_text(s, what)
+    if not seconds > 0:
+        raise ConfigError(f"{what}: a duration must be positive, got {text!r}")
+    return seconds
+
+
+def _parse_text(s: str, what: str) -> float:
+    hint = f"{what}: cannot read {s!r} as a duration; write it like 90s, 10m, 2h or 1h30m"
+    if not s:
+        raise ConfigError(hint)
+    try:
+        return float(s)
+    except ValueError:
+        pass
+    pos, total, seen = 0, 0.0, ""
+    for m in _PART.finditer(s):
+        if m.start() != pos:
+            raise ConfigError(hint)
+        unit = m.group(2)
+        if seen and "hms".index(unit) <= "hms".index(seen[-1]):
+            raise ConfigError(hint)
+        seen += unit
+        total += float(m.group(1)) * _UNIT_SECONDS[unit]
+        pos = m.end()
+    if pos != len(s):
+        raise ConfigError(hint)
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    """The inverse of parse_duration for whole seconds: 5400 -> '1h30m'."""
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    out = (f"{h}h" if h else "") + (f"{m}m" if m else "") + (f"{s}s" if s else "")
+    return out or "0s"

@@ -1,0 +1,408 @@
+"""What can be tuned: every knob, where it acts, its PyTorch/NCCL default, and its legality.
+
+A search space (``space.py``) may only name knobs listed here. Each knob knows:
+
+* its ``section`` in the space YAML and in the exported profile;
+* its ``default``: the value PyTorch, NCCL or torchrun use when nobody sets anything. The
+  baseline trial is made of these, so every search space must contain them;
+* when it cannot act on a target (``drop``): NCCL knobs on gloo, pinning without an accelerator,
+  a thread count with only one possible value. Such a dimension is left out of the study with
+  the reason, so no trial is spent on a no-op;
+* which single choices cannot act (``drop_choice``): the bf16 hook without NCCL, tf32 on CPU;
+* which single values are illegal (``legal``), and which combinations are (``illegal_combination``).
+
+NCCL knobs take the string ``default`` for "leave the variable unset".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["KNOBS", "SECTIONS", "Knob", "Target", "illegal_combination", "knob"]
+
+#: Sections of a search space, in the order trials suggest them.
+SECTIONS = ("ddp", "batch", "data", "precision", "cpu", "nccl")
+
+#: The value of an NCCL knob that means "leave the variable unset".
+UNSET = "default"
+
+COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+NCCL_ALGOS = ("Ring", "Tree", "CollnetDirect", "CollnetChain", "NVLS", "NVLSTree", "PAT")
+NCCL_PROTOS = ("LL", "LL128", "Simple")
+NCCL_NTHREADS = (64, 128, 256, 512)
+#: NCCL documents NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD <= 64.
+MAX_SOCKET_PRODUCT = 64
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Target:
+    """What a search space is resolved against: the backend, the device and the workload."""
+
+    backend: str
+    """Process-group backend of every trial: ``gloo`` (CPU) or ``nccl`` (one GPU per rank)."""
+    device: str
+    """``cpu`` or ``cuda``."""
+    world_size: int
+    """Number of DDP ranks in one trial."""
+    global_batch: int
+    """Samples per optimizer step over all ranks, as the workload declares it."""
+    cpus_per_rank: int
+    """CPU cores available to one rank on its node (the upper bound for ``threads``)."""
+    bf16: bool = False
+    """The device runs bf16 autocast (any CPU; CUDA devices that report bf16 support)."""
+    tf32: bool = False
+    """The device has TF32 tensor cores (CUDA compute capability 8.0 or newer)."""
+
+    @property
+    def per_rank_batch(self) -> int:
+        return self.global_batch // self.world_size
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _bool_legal(v: Any) -> str | None:
+    return None if isinstance(v, bool) else "must be true or false"
+
+
+def _int_at_least(lo: int) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        return None if _is_int(v) and v >= lo else f"must be an integer >= {lo}"
+
+    return check
+
+
+def _one_of(choices: tuple[Any, ...]) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        return None if v in choices else f"must be one of {', '.join(map(str, choices))}"
+
+    return check
+
+
+def _nccl(check: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+    """NCCL values: ``default`` (unset) or a value ``check`` accepts."""
+
+    def legal(v: Any) -> str | None:
+        if v == UNSET:
+            return None
+        reason = check(v)
+        return None if reason is None else f"{reason}, or '{UNSET}' to leave it unset"
+
+    return legal
+
+
+def _int_range(lo: int, hi: int) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        return None if _is_int(v) and lo <= v <= hi else f"must be an integer in [{lo}, {hi}]"
+
+    return check
+
+
+def _only_nccl(t: Target) -> str | None:
+    if t.backend != "nccl":
+        return f"NCCL variables act only with the nccl backend (this study uses {t.backend})"
+    return None
+
+
+def _needs_cuda_for_pinning(t: Target) -> str | None:
+    if t.device != "cuda":
+        return "pinned memory only speeds up copies to an accelerator (the device is cpu)"
+    return None
+
+
+def _threads_drop(t: Target) -> str | None:
+    if t.cpus_per_rank <= 1:
+        return f"only 1 thread per rank is possible ({t.world_size} ranks share the node's CPUs)"
+    return None
+
+
+def _micro_batch_drop(t: Target) -> str | None:
+    if t.per_rank_batch <= 1:
+        return f"the per-rank batch is {t.per_rank_batch}: there is nothing to split"
+    return None
+
+
+def _micro_batch_choice(t: Target, v: Any) -> str | None:
+    if not _is_int(v) or v < 1 or t.per_rank_batch % v:
+        return f"does not divide the per-rank batch {t.per_rank_batch}"
+    return None
+
+
+def _hook_choice(t: Target, v: Any) -> str | None:
+    if v == "bf16" and t.backend != "nccl":
+        return "torch refuses bf16_compress_hook without NCCL"
+    return None
+
+
+def _precision_choice(t: Target, v: Any) -> str | None:
+    if v == "tf32" and not t.tf32:
+        return "TF32 needs a CUDA device of compute capability 8.0 or newer"
+    if v == "bf16" and not t.bf16:
+        return "the device does not support bf16"
+    if v == "fp16" and t.device != "cuda":
+        return "fp16 autocast is a GPU setting (on a CPU here it ran 20x slower than fp32)"
+    return None
+
+
+def _threads_choice(t: Target, v: Any) -> str | None:
+    if _is_int(v) and v > t.cpus_per_rank:
+        return f"more threads than the {t.cpus_per_rank} CPUs each rank has"
+    return None
+
+
+def _no_drop(t: Target) -> str | None:
+    return None
+
+
+def _no_choice_drop(t: Target, v: Any) -> str | None:
+    return None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Knob:
+    """One tunable setting."""
+
+    name: str
+    """Its name in the space YAML, the Optuna study and the profile."""
+    section: str
+    """Section of the space YAML and of the profile it belongs to."""
+    doc: str
+    """One line on what it does, shown by ``autotune spaces``."""
+    default: Any
+    """The value nobody sets (PyTorch/NCCL/torchrun defaults); a callable of the Target."""
+    legal: Callable[[Any], str | None]
+    """Why a single value is illegal, or None."""
+    drop: Callable[[Target], str | None] = _no_drop
+    """Why the whole knob cannot act on a target, or None."""
+    drop_choice: Callable[[Target, Any], str | None] = _no_choice_drop
+    """Why one value cannot act on a target, or None."""
+    parent: tuple[str, Callable[[Any], bool]] | None = None
+    """(knob, predicate): suggested only when the predicate holds for that knob's value."""
+    choices_only: bool = False
+    """Only a ``categorical`` distribution can describe it (flags, names, NCCL's 'default')."""
+
+    def default_for(self, target: Target) -> Any:
+        return self.default(target) if callable(self.default) else self.default
+
+
+def _positive_number(v: Any) -> str | None:
+    return None if _number(v) and v > 0 else "must be a positive number"
+
+
+def _workers_on(v: Any) -> bool:
+    return _is_int(v) and v > 0
+
+
+_KNOB_LIST = [
+    # DistributedDataParallel(...) kwargs and the communication hook.
+    Knob(
+        name="bucket_cap_mb",
+        section="ddp",
+        default=25.0,
+        legal=_positive_number,
+        doc="DDP gradient bucket size in MiB (PyTorch default 25)",
+    ),
+    Knob(
+        name="gradient_as_bucket_view",
+        choices_only=True,
+        section="ddp",
+        default=False,
+        legal=_bool_legal,
+        doc="gradients are views into the all-reduce buckets (saves a copy)",
+    ),
+    Knob(
+        name="static_graph",
+        choices_only=True,
+        section="ddp",
+        default=False,
+        legal=_bool_legal,
+        doc="declare the graph static so DDP can skip per-step unused-parameter work",
+    ),
+    Knob(
+        name="comm_hook",
+        choices_only=True,
+        section="ddp",
+        default="none",
+        legal=_one_of(COMM_HOOKS),
+        drop_choice=_hook_choice,
+        doc="DDP communication hook: none, fp16/bf16 compression, or PowerSGD",
+    ),
+    Knob(
+        name="powersgd_rank",
+        section="ddp",
+        default=1,
+        legal=_int_at_least(1),
+        parent=("comm_hook", lambda v: v == "powersgd"),
+        doc="PowerSGD matrix_approximation_rank (only when comm_hook is powersgd)",
+    ),
+    # Batch: the micro-batch per rank; accumulation keeps the global batch.
+    Knob(
+        name="micro_batch",
+        section="batch",
+        default=lambda t: t.per_rank_batch,
+        legal=_int_at_least(1),
+        drop=_micro_batch_drop,
+        drop_choice=_micro_batch_choice,
+        doc="samples per rank per forward pass; accumulation steps keep the global batch",
+    ),
+    # DataLoader kwargs.
+    Knob(
+        name="num_workers",
+        section="data",
+        default=0,
+        legal=_int_at_least(0),
+        doc="DataLoader worker processes per rank",
+    ),
+    Knob(
+        name="pin_memory",
+        choices_only=True,
+        section="data",
+        default=False,
+        legal=_bool_legal,
+        drop=_needs_cuda_for_pinning,
+        doc="DataLoader pins host batches for faster H2D copies",
+    ),
+    Knob(
+        name="prefetch_factor",
+        section="data",
+        default=2,
+        legal=_int_at_least(1),
+        parent=("num_workers", _workers_on),
+        doc="batches each DataLoader worker loads ahead (only with workers)",
+    ),
+    Knob(
+        name="persistent_workers",
+        choices_only=True,
+        section="data",
+        default=False,
+        legal=_bool_legal,
+        parent=("num_workers", _workers_on),
+        doc="keep DataLoader workers alive across epochs (only with workers)",
+    ),
+    # Precision.
+    Knob(
+        name="precision",
+        choices_only=True,
+        section="precision",
+        default="fp32",
+        legal=_one_of(PRECISIONS),
+        drop_choice=_precision_choice,
+        doc="fp32, tf32 matmuls, bf16 autocast, or fp16 autocast with GradScaler",
+    ),
+    # CPU threads per rank (torchrun sets OMP_NUM_THREADS=1 when it starts several ranks).
+    Knob(
+        name="threads",
+        section="cpu",
+        default=1,
+        legal=_int_at_least(1),
+        drop=_threads_drop,
+        drop_choice=_threads_choice,
+        doc="intra-op CPU threads per rank (OMP_NUM_THREADS; torchrun's default is 1)",
+    ),
+    # NCCL environment, read once per process before the process group exists.
+    Knob(
+        name="NCCL_ALGO",
+        choices_only=True,
+        section="nccl",
+        default=UNSET,
+        legal=_nccl(_one_of(NCCL_ALGOS)),
+        drop=_only_nccl,
+        doc="collective algorithm",
+    ),
+    Knob(
+        name="NCCL_PROTO",
+        choices_only=True,
+        section="nccl",
+        default=UNSET,
+        legal=_nccl(_one_of(NCCL_PROTOS)),
+        drop=_only_nccl,
+        doc="protocol; forcing LL128 where NCCL disabled it can corrupt data",
+    ),
+    Knob(
+        name="NCCL_BUFFSIZE",
+        choices_only=True,
+        section="nccl",
+        default=UNSET,
+        legal=_nccl(_int_at_least(1)),
+        drop=_only_nccl,
+        doc="bytes of buffer per channel between peers (NCCL default 4 MiB)",
+    ),
+    Knob(
+        name="NCCL_NTHREADS",
+        choices_only=True,
+        section="nccl",
+        default=UNSET,
+        legal=_nccl(_one_of(NCCL_NTHREADS)),
+        drop=_only_nccl,
+        doc="CUDA threads per NCCL block: 64, 128, 256 or 512",
+    ),
+    Knob(
+        name="NCCL_MIN_CTAS",
+        choices_only=True,
+        section="nccl",
+        default=UNSET,
+        legal=_nccl(_int_range(1, 64)),
+        drop=_only_nccl,
+        doc="minimum CTAs (channels) NCCL uses",
+    ),
+    Knob(
+        name="NCCL_MAX_CTAS",
+        choices_only=True,
+        section="nccl",
+        default=UNSET,
+        legal=_nccl(_int_range(1, 64)),
+        drop=_only_nccl,
+        doc="maximum CTAs (channels) NCCL uses",
+    ),
+    Knob(
+        name="NCCL_SOCKET_NTHREADS",
+        choices_only=True,
+        section="nccl",
+        default=UNSET,
+        legal=_nccl(_int_range(1, 16)),
+        drop=_only_nccl,
+        doc="CPU helper threads per socket connection (1-16)",
+    ),
+    Knob(
+        name="NCCL_NSOCKS_PERTHREAD",
+        choices_only=True,
+        section="nccl",
+        default=UNSET,
+        legal=_nccl(_int_at_least(1)),
+        drop=_only_nccl,
+        doc="sockets per helper thread; threads x sockets must be <= 64",
+    ),
+]
+
+KNOBS: Mapping[str, Knob] = {k.name: k for k in _KNOB_LIST}
+
+
+def knob(name: str) -> Knob:
+    return KNOBS[name]
+
+
+def illegal_combination(values: Mapping[str, Any], target: Target) -> str | None:
+    """Why this full assignment of knob values breaks a documented rule, or None."""
+    if values.get("static_graph") and values.get("micro_batch", 0) < target.per_rank_batch:
+        # Seen here: torch 2.13's reducer fails an internal assert on the first no_sync step.
+        return "static_graph cannot be combined with gradient accumulation (DDP no_sync)"
+    threads = values.get("NCCL_SOCKET_NTHREADS", UNSET)
+    socks = values.get("NCCL_NSOCKS_PERTHREAD", UNSET)
+    if threads != UNSET and socks != UNSET and threads * socks > MAX_SOCKET_PRODUCT:
+        return (
+            f"NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD must be <= {MAX_SOCKET_PRODUCT}, "
+            f"got {threads} x {socks} = {threads * socks}"
+        )
+    lo = values.get("NCCL_MIN_CTAS", UNSET)
+    hi = values.get("NCCL_MAX_CTAS", UNSET)
+    if lo != UNSET and hi != UNSET and lo > hi:
+        return f"NCCL_MIN_CTAS must be <= NCCL_MAX_CTAS, got {lo} > {hi}"
+    return None

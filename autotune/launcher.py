@@ -1,0 +1,337 @@
+"""Where trials are launched: Ray, a placement group, and one actor process per DDP rank.
+
+* ``connect(address)`` starts a local Ray instance (``address=None``) or joins an existing
+  cluster (``auto`` or ``HOST:PORT``).
+* ``TrialRunner`` reserves one placement group with a bundle per rank for the whole run, so
+  every trial's ranks land where the first trial's did and no trial waits on scheduling.
+* Each trial starts fresh rank actors in those bundles. The trial's environment (``NCCL_*``,
+  ``OMP_NUM_THREADS``) is the actors' ``runtime_env``: Ray starts a new process with it, so the
+  values are in the process before the process group exists, and NCCL, which reads its
+  variables once per process, sees them. (Ray Train's TorchTrainer creates the process group
+  before user code runs and costs 11-16 s per trial here; plain actors avoid both.)
+* The driver waits for the ranks with a deadline. A rank that raises fails the trial with its
+  first error line; a rank that hangs fails it with ``timeout``; either way every actor of the
+  trial is killed before the next trial starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.config import MeasureSettings, TrialConfig
+from autotune.errors import ConfigError, TrialFailed
+from autotune.rank import NonFiniteLoss, RankSpec, run_rank
+
+__all__ = ["RayConnection", "TrialResult", "TrialRunner", "connect"]
+
+log = logging.getLogger(__name__)
+
+#: How long a placement group may take to be placed before the run gives up.
+PLACEMENT_TIMEOUT_S = 60.0
+
+
+@dataclass
+class RayConnection:
+    address: str | None
+    started_here: bool
+
+    def close(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayConnection:
+    """Start a local Ray instance, or join the cluster at ``address`` (``auto``, HOST:PORT).
+
+    A local instance is given ``extra_pythonpath`` so that workers import the user's trainer
+    module from the directory the command was run in.
+    """
+    import ray
+
+    env_vars: dict[str, str] = {}
+    if address is None and extra_pythonpath:
+        env_vars["PYTHONPATH"] = os.pathsep.join(
+            p for p in (extra_pythonpath, os.environ.get("PYTHONPATH", "")) if p
+        )
+    kwargs: dict[str, Any] = dict(
+        logging_level=logging.WARNING,
+        log_to_driver=False,
+        configure_logging=True,
+    )
+    if env_vars:
+        kwargs["runtime_env"] = {"env_vars": env_vars}
+    if address is None:
+        kwargs["include_dashboard"] = False
+    try:
+        ray.init(address=address, **kwargs)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"--address {address}: cannot reach a Ray cluster ({first}); start one with "
+            f"`ray start --head` or leave --address out to start a local instance"
+        ) from None
+    return RayConnection(address=address, started_here=address is None)
+
+
+def _free_port() -> tuple[str, int]:
+    import ray
+
+    ip = ray.util.get_node_ip_address()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((ip, 0))
+        return ip, s.getsockname()[1]
+
+
+def _probe(backend: str) -> dict[str, Any]:
+    """What the ranks will run on, seen from inside a rank's bundle."""
+    import platform
+
+    import torch
+
+    info: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "cpus": os.cpu_count() or 1,
+        "torch": torch.__version__,
+        "nccl": None,
+    }
+    if backend == "nccl":
+        if not torch.cuda.is_available():
+            return {**info, "error": "no CUDA device is visible to the rank"}
+        props = torch.cuda.get_device_properties(0)
+        info.update(
+            device="cuda",
+            device_name=props.name,
+            device_count=torch.cuda.device_count(),
+            capability=f"{props.major}.{props.minor}",
+            bf16=bool(torch.cuda.is_bf16_supported()),
+            tf32=props.major >= 8,
+            nccl=".".join(map(str, torch.cuda.nccl.version())),
+        )
+    else:
+        name = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    if line.startswith("model name"):
+                        name = line.split(":", 1)[1].strip()
+                        break
+        except OSError:
+            pass
+        # For a CPU the count is its cores: what the ranks of one node share.
+        info.update(
+            device="cpu", device_name=name, device_count=info["cpus"], bf16=True, tf32=False
+        )
+    return info
+
+
+class RankActor:
+    """One DDP rank: a fresh process per trial. Wrapped with ``ray.remote`` in TrialRunner."""
+
+    def __init__(self, env_keys: list[str]) -> None:
+        import torch.distributed as dist
+
+        # Taken when the process starts, before any process group: what NCCL would read.
+        self.env_at_start = {k: os.environ.get(k) for k in env_keys}
+        self.pg_at_start = dist.is_available() and dist.is_initialized()
+
+    def address(self) -> tuple[str, int]:
+        return _free_port()
+
+    def run(self, spec: RankSpec) -> dict[str, Any]:
+        out = run_rank(spec)
+        out["env_at_start"] = self.env_at_start
+        out["pg_at_start"] = self.pg_at_start
+        return out
+
+
+@dataclass
+class TrialResult:
+    """One trial's measurement, put together from its ranks."""
+
+    throughput: float
+    """Samples/s over all ranks: total samples / the slowest rank's window."""
+    step_time_s: float
+    ranks: list[dict[str, Any]]
+    wall_s: float
+    """Seconds from launching the ranks to having every result."""
+
+    @property
+    def window_s(self) -> float:
+        return max(r["window_s"] for r in self.ranks)
+
+    @property
+    def overhead_s(self) -> float:
+        return max(0.0, self.wall_s - self.window_s)
+
+
+def _first_line(text: str) -> str:
+    """The first meaningful line of an error text: not a traceback header, not blank."""
+    for line in str(text).splitlines():
+        line = line.strip()
+        if line and not line.startswith(("Traceback", "File ", "^", "ray::")):
+            return line[:300]
+    return str(text).strip()[:300]
+
+
+def _failure(rank: int, err: BaseException) -> TrialFailed:
+    import ray.exceptions as rex
+
+    cause = getattr(err, "cause", None) or err
+    if isinstance(err, rex.RayActorError) and not isinstance(err, rex.RayTaskError):
+        return TrialFailed("crash", f"rank {rank}: its process died ({_first_line(str(err))})")
+    if isinstance(cause, NonFiniteLoss):
+        return TrialFailed("nan", f"rank {rank}: {cause}")
+    text = f"{type(cause).__name__}: {_first_line(str(cause))}"
+    if isinstance(cause, MemoryError) or "out of memory" in text.lower():
+        return TrialFailed("oom", f"rank {rank}: {text}")
+    return TrialFailed("crash", f"rank {rank}: {text}")
+
+
+class TrialRunner:
+    """Runs trials of ``world_size`` ranks, one at a time, in one placement group."""
+
+    def __init__(
+        self,
+        *,
+        world_size: int,
+        backend: str,
+        cpus_per_rank: float = 1,
+        strategy: str = "PACK",
+    ) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+
+        self.world_size = world_size
+        self.backend = backend
+        self.gpus_per_rank = 1 if backend == "nccl" else 0
+        self.cpus_per_rank = cpus_per_rank
+        bundle = {"CPU": cpus_per_rank, **({"GPU": 1} if self.gpus_per_rank else {})}
+        self.pg = placement_group([dict(bundle) for _ in range(world_size)], strategy=strategy)
+        try:
+            ray.get(self.pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            have = ray.cluster_resources()
+            ray.util.remove_placement_group(self.pg)
+            raise ConfigError(
+                f"--world-size {world_size}: the Ray cluster cannot place {world_size} ranks of "
+                f"{bundle} (it has CPU={have.get('CPU', 0):g}, GPU={have.get('GPU', 0):g}); "
+                f"lower --world-size or add nodes"
+            ) from None
+        self._actor_cls = ray.remote(max_restarts=0, max_task_retries=0)(RankActor)
+        self._probe_fn = ray.remote(_probe)
+
+    def _strategy(self, index: int) -> Any:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return PlacementGroupSchedulingStrategy(
+            placement_group=self.pg, placement_group_bundle_index=index
+        )
+
+    def probe(self) -> dict[str, Any]:
+        """The hardware seen from rank 0's bundle, plus the number of nodes the ranks span."""
+        import ray
+        from ray.util import placement_group_table
+
+        info = ray.get(
+            self._probe_fn.options(
+                num_cpus=self.cpus_per_rank,
+                num_gpus=self.gpus_per_rank,
+                scheduling_strategy=self._strategy(0),
+            ).remote(self.backend)
+        )
+        nodes = placement_group_table(self.pg).get("bundles_to_node_id", {})
+        info["node_count"] = len(set(nodes.values())) or 1
+        return info
+
+    def run(
+        self,
+        *,
+        trial: int,
+        trainer: str,
+        trainer_options: dict[str, Any],
+        config: TrialConfig,
+        measure: MeasureSettings,
+        seed: int,
+        timeout_s: float,
+    ) -> TrialResult:
+        """Run one trial; raises TrialFailed with the reason when it produces no result."""
+        import ray
+        import ray.exceptions as rex
+
+        started = time.monotonic()
+        deadline = started + timeout_s
+        actors = [
+            self._actor_cls.options(
+                num_cpus=self.cpus_per_rank,
+                num_gpus=self.gpus_per_rank,
+                scheduling_strategy=self._strategy(i),
+                runtime_env={"env_vars": dict(config.env)},
+            ).remote(sorted(config.env))
+            for i in range(self.world_size)
+        ]
+        try:
+            try:
+                addr, port = ray.get(actors[0].address.remote(), timeout=timeout_s)
+            except rex.GetTimeoutError:
+                raise TrialFailed(
+                    "timeout", f"rank processes did not start in {timeout_s:.0f}s"
+                ) from None
+            except rex.RayError as e:
+                raise _failure(0, e) from None
+            refs = {
+                actors[i].run.remote(
+                    RankSpec(
+                        trial=trial,
+                        rank=i,
+                        world_size=self.world_size,
+                        backend=self.backend,
+                        master_addr=addr,
+                        master_port=port,
+                        trainer=trainer,
+                        trainer_options=trainer_options,
+                        config=config,
+                        measure=measure,
+                        seed=seed,
+                        timeout_s=timeout_s,
+                    )
+                ): i
+                for i in range(self.world_size)
+            }
+            results: list[dict[str, Any]] = []
+            pending = list(refs)
+            while pending:
+                left = deadline - time.monotonic()
+                done, pending = ray.wait(pending, num_returns=1, timeout=max(left, 0))
+                if not done:
+                    stuck = sorted(refs[r] for r in pending)
+                    raise TrialFailed(
+                        "timeout", f"no result after {timeout_s:.0f}s from rank(s) {stuck}"
+                    )
+                try:
+                    results.append(ray.get(done[0]))
+                except rex.RayError as e:
+                    raise _failure(refs[done[0]], e) from None
+        finally:
+            for a in actors:
+                ray.kill(a, no_restart=True)
+        wall = time.monotonic() - started
+        results.sort(key=lambda r: r["rank"])
+        window = max(r["window_s"] for r in results)
+        samples = sum(r["samples"] for r in results)
+        steps = results[0]["steps"]
+        return TrialResult(
+            throughput=samples / window, step_time_s=window / steps, ranks=results, wall_s=wall
+        )
+
+    def close(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            ray.util.remove_placement_group(self.pg)

@@ -1,0 +1,212 @@
+"""The exported profile: the best configuration of a study, with the evidence behind it.
+
+Written at the end of every ``autotune run`` and by ``autotune export``; loaded back by the
+same strict loader (``Profile.load``) that the user's training script uses::
+
+    version: 1
+    study:     {name, best_trial, baseline_trial}
+    workload:  {trainer, options, world_size, backend, global_batch}
+    hardware:  {device, device_name, device_count, node_count, torch, nccl}
+    measured:  {baseline_samples_per_s, best_samples_per_s, speedup, trials, budget, ...}
+    env:       {NCCL_ALGO: Ring, OMP_NUM_THREADS: "1", ...}   # flat map, string values
+    ddp:       {bucket_cap_mb, gradient_as_bucket_view, static_graph, comm_hook: {name, ...}}
+    data:      {num_workers, pin_memory, prefetch_factor?, persistent_workers?}
+    precision: fp32 | tf32 | bf16 | fp16
+    batch:     {micro_batch, accumulation_steps, global_batch}
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune import _yaml
+from autotune.config import TrialConfig
+from autotune.errors import ConfigError
+from autotune.knobs import COMM_HOOKS, PRECISIONS
+
+__all__ = ["PROFILE_VERSION", "Profile"]
+
+PROFILE_VERSION = 1
+
+_SECTIONS = {
+    "study": ("name", "best_trial", "baseline_trial"),
+    "workload": ("trainer", "options", "world_size", "backend", "global_batch"),
+    "hardware": ("device", "device_name", "device_count", "node_count", "torch", "nccl"),
+    "measured": (
+        "baseline_samples_per_s",
+        "best_samples_per_s",
+        "speedup",
+        "trials",
+        "budget",
+        "tuning_s",
+        "note",
+    ),
+    "ddp": ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "comm_hook"),
+    "data": ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers"),
+    "batch": ("micro_batch", "accumulation_steps", "global_batch"),
+}
+_REQUIRED = {
+    "study": ("name",),
+    "workload": ("trainer", "world_size", "backend", "global_batch"),
+    "hardware": ("device",),
+    "measured": ("baseline_samples_per_s", "best_samples_per_s", "speedup"),
+    "ddp": ("comm_hook",),
+    "data": (),
+    "batch": ("micro_batch", "accumulation_steps", "global_batch"),
+}
+_TOP = (
+    "version",
+    "study",
+    "workload",
+    "hardware",
+    "measured",
+    "env",
+    "ddp",
+    "data",
+    "precision",
+    "batch",
+)
+_HOOK_KEYS = ("name", "matrix_approximation_rank", "start_powerSGD_iter")
+
+
+@dataclass(kw_only=True)
+class Profile:
+    """A tuned configuration and how it was measured."""
+
+    version: int = PROFILE_VERSION
+    study: dict[str, Any] = field(default_factory=dict)
+    workload: dict[str, Any] = field(default_factory=dict)
+    hardware: dict[str, Any] = field(default_factory=dict)
+    measured: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    ddp: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
+    precision: str = "fp32"
+    batch: dict[str, Any] = field(default_factory=dict)
+
+    # -- reading and writing -------------------------------------------------------------
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Profile:
+        """Load and check a profile; every unknown or missing key is an error naming it."""
+        p = Path(path)
+        return cls.from_mapping(_yaml.read_mapping(p, what="profile"), where=f"profile {p}")
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any], *, where: str = "profile") -> Profile:
+        _yaml.check_keys(data, where=where, allowed=_TOP, required=_TOP)
+        if data["version"] != PROFILE_VERSION:
+            raise ConfigError(
+                f"{where}: version {data['version']!r} is not supported; this autotune reads "
+                f"version {PROFILE_VERSION} (export the study again)"
+            )
+        for section, keys in _SECTIONS.items():
+            value = data[section]
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}: {section} must be a mapping")
+            _yaml.check_keys(
+                value, where=f"{where}: {section}", allowed=keys, required=_REQUIRED[section]
+            )
+        env = data["env"]
+        if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            raise ConfigError(f"{where}: env must map variable names to strings (quote numbers)")
+        hook = data["ddp"]["comm_hook"]
+        if not isinstance(hook, dict):
+            raise ConfigError(f"{where}: ddp.comm_hook must be a mapping like {{name: fp16}}")
+        _yaml.check_keys(
+            hook, where=f"{where}: ddp.comm_hook", allowed=_HOOK_KEYS, required=("name",)
+        )
+        if hook["name"] not in COMM_HOOKS:
+            raise ConfigError(
+                f"{where}: ddp.comm_hook.name must be one of {', '.join(COMM_HOOKS)}, got "
+                f"{hook['name']!r}"
+            )
+        if data["precision"] not in PRECISIONS:
+            raise ConfigError(
+                f"{where}: precision must be one of {', '.join(PRECISIONS)}, got "
+                f"{data['precision']!r}"
+            )
+        b, w = data["batch"], data["workload"]
+        if b["micro_batch"] * b["accumulation_steps"] * w["world_size"] != b["global_batch"]:
+            raise ConfigError(
+                f"{where}: batch.micro_batch x batch.accumulation_steps x workload.world_size "
+                f"must equal batch.global_batch, got {b['micro_batch']} x "
+                f"{b['accumulation_steps']} x {w['world_size']} != {b['global_batch']}"
+            )
+        return cls(**{k: data[k] for k in _TOP})
+
+    def to_mapping(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in _TOP}
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write atomically: a reader never sees half a profile."""
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        text = _HEADER + _yaml.dump(self.to_mapping())
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, p)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return p
+
+    # -- using it ----------------------------------------------------------------------------
+
+    @property
+    def ddp_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``DistributedDataParallel`` (the hook is registered apart)."""
+        return {k: v for k, v in self.ddp.items() if k != "comm_hook"}
+
+    @property
+    def comm_hook(self) -> dict[str, Any]:
+        return dict(self.ddp["comm_hook"])
+
+    @property
+    def dataloader_kwargs(self) -> dict[str, Any]:
+        """``DataLoader`` kwargs; add ``batch_size=profile.batch['micro_batch']``."""
+        return dict(self.data)
+
+    def trial_config(self) -> TrialConfig:
+        """The configuration as a trial runs it."""
+        threads = int(self.env.get("OMP_NUM_THREADS", "1"))
+        return TrialConfig(
+            env=dict(self.env),
+            ddp=self.ddp_kwargs,
+            comm_hook=self.comm_hook,
+            data=dict(self.data),
+            precision=self.precision,
+            micro_batch=self.batch["micro_batch"],
+            accumulation_steps=self.batch["accumulation_steps"],
+            global_batch=self.batch["global_batch"],
+            threads=threads,
+        )
+
+    @classmethod
+    def from_config(cls, config: TrialConfig, **sections: Any) -> Profile:
+        return cls(
+            env=dict(config.env),
+            ddp={**config.ddp, "comm_hook": dict(config.comm_hook)},
+            data=dict(config.data),
+            precision=config.precision,
+            batch={
+                "micro_batch": config.micro_batch,
+                "accumulation_steps": config.accumulation_steps,
+                "global_batch": config.global_batch,
+            },
+            **sections,
+        )
+
+
+_HEADER = (
+    "# autotune profile: the best configuration the study measured, and the evidence.\n"
+    "# Apply it with autotune.Profile.load(path); see the README.\n"
+)

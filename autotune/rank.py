@@ -1,0 +1,200 @@
+"""What runs inside one DDP rank's process: apply a trial's configuration, train, measure.
+
+One function, ``run_rank``, in the order a trial lives: threads and precision flags; process
+group; workload built and wrapped in DDP with the trial's kwargs and comm hook; DataLoader with
+the trial's kwargs; warm-up (not timed); a timed window of a step count all ranks agreed on,
+the device synchronised at both edges; the result; the process group destroyed on every path.
+
+Environment variables (``NCCL_*``, ``OMP_NUM_THREADS``) are not set here: Ray puts them in the
+process when it starts it, before this function and so before the process group exists.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import time
+from collections.abc import Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from autotune.config import MeasureSettings, TrialConfig
+
+__all__ = ["NonFiniteLoss", "RankSpec", "run_rank"]
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss became NaN or infinite during the trial."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankSpec:
+    """Everything one rank needs to run its part of a trial."""
+
+    trial: int
+    rank: int
+    world_size: int
+    backend: str
+    master_addr: str
+    master_port: int
+    trainer: str
+    trainer_options: dict[str, Any] = field(default_factory=dict)
+    config: TrialConfig
+    measure: MeasureSettings
+    seed: int = 0
+    timeout_s: float = 300.0
+
+
+def _autocast_dtype(precision: str) -> Any:
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+
+def register_comm_hook(ddp: Any, hook: dict[str, Any]) -> None:
+    """Register the trial's communication hook on the DDP module (torch's own hooks)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    name = hook["name"]
+    if name == "none":
+        return
+    if name == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif name == "bf16":
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif name == "powersgd":
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None,
+            matrix_approximation_rank=hook["matrix_approximation_rank"],
+            start_powerSGD_iter=hook["start_powerSGD_iter"],
+        )
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    else:
+        raise ValueError(f"unknown comm hook {name!r}")
+
+
+def _batches(loader: Any, sampler: Any) -> Iterator[Any]:
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def run_rank(spec: RankSpec) -> dict[str, Any]:
+    """Run one rank of a trial and return its measurement."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from autotune.workload import load_workload
+
+    started = time.perf_counter()
+    cfg = spec.config
+    torch.set_num_threads(cfg.threads)
+    cuda = spec.backend == "nccl"
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    if cfg.precision == "tf32":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    dist.init_process_group(
+        spec.backend,
+        init_method=f"tcp://{spec.master_addr}:{spec.master_port}",
+        rank=spec.rank,
+        world_size=spec.world_size,
+        timeout=timedelta(seconds=spec.timeout_s),
+    )
+    try:
+        wl = load_workload(spec.trainer, spec.trainer_options)
+        torch.manual_seed(spec.seed)
+        model = wl.model().to(device)
+        ddp = DistributedDataParallel(model, device_ids=[0] if cuda else None, **cfg.ddp)
+        register_comm_hook(ddp, cfg.comm_hook)
+        optimizer = wl.optimizer(ddp.parameters())
+        sampler = DistributedSampler(
+            wl.dataset,
+            num_replicas=spec.world_size,
+            rank=spec.rank,
+            seed=spec.seed,
+            drop_last=True,
+        )
+        loader = DataLoader(
+            wl.dataset, batch_size=cfg.micro_batch, sampler=sampler, drop_last=True, **cfg.data
+        )
+        batches = _batches(loader, sampler)
+        dtype = _autocast_dtype(cfg.precision)
+        scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
+        accum = cfg.accumulation_steps
+
+        def step() -> torch.Tensor:
+            total = torch.zeros((), device=device)
+            for micro in range(accum):
+                x, y = next(batches)
+                x = x.to(device, non_blocking=True)
+                y = y.to(device, non_blocking=True)
+                # All-reduce only on the last micro-step.
+                with ddp.no_sync() if micro < accum - 1 else nullcontext():
+                    with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                        loss = wl.loss(ddp(x), y) / accum
+                    scaler.scale(loss).backward()
+                total += loss.detach().float()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            return total
+
+        for _ in range(spec.measure.warmup_steps):
+            step()
+        # Calibrate: how many steps fill the window? All ranks must run the same count.
+        sync()
+        t = time.perf_counter()
+        step()
+        sync()
+        per_step = max(time.perf_counter() - t, 1e-6)
+        steps = min(
+            max(math.ceil(spec.measure.window_s / per_step), spec.measure.min_steps),
+            spec.measure.max_steps,
+        )
+        agreed = torch.tensor([steps], device=device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        steps = int(agreed.item())
+        setup_s = time.perf_counter() - started
+
+        dist.barrier()
+        sync()
+        t0 = time.perf_counter()
+        losses = [step() for _ in range(steps)]
+        sync()
+        window = time.perf_counter() - t0
+
+        loss = float(torch.stack(losses).mean())
+        if not math.isfinite(loss):
+            raise NonFiniteLoss(f"loss is {loss} after {steps} measured steps")
+        if cuda:
+            peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
+        else:
+            peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return {
+            "rank": spec.rank,
+            "pid": os.getpid(),
+            "steps": steps,
+            "samples": steps * cfg.micro_batch * accum,
+            "window_s": window,
+            "setup_s": setup_s,
+            "loss": loss,
+            "peak_memory_mb": round(peak_mb, 1),
+        }
+    finally:
+        dist.destroy_process_group()

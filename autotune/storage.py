@@ -1,0 +1,68 @@
+"""Optuna storage: an embedded SQLite file by default, any Optuna RDB URL by ``--storage``.
+
+``check_url`` proves a URL can be opened without writing anything (so bad input leaves nothing
+behind); ``open_storage`` then opens it with heartbeats, so trials of a driver that died
+(``kill -9``) are closed as FAIL by Optuna itself when a later run starts trials.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+
+from autotune.errors import ConfigError
+
+__all__ = ["check_url", "default_url", "open_storage"]
+
+#: Seconds between heartbeats of a running trial; a trial silent for GRACE_S is stale.
+HEARTBEAT_S = 10
+GRACE_S = 60
+
+
+def default_url(run_dir: Path) -> str:
+    return f"sqlite:///{run_dir / 'autotune.db'}"
+
+
+def check_url(url: str) -> None:
+    """Raise ConfigError if ``url`` cannot be opened; never creates or changes anything."""
+    import sqlalchemy
+    from sqlalchemy.engine import make_url
+
+    fix = "give an Optuna RDB URL such as sqlite:///path/to/autotune.db or postgresql://host/db"
+    try:
+        parsed = make_url(url)
+    except Exception:
+        raise ConfigError(f"--storage {url}: not a database URL; {fix}") from None
+    if parsed.get_backend_name() == "sqlite":
+        db = parsed.database
+        if not db or db == ":memory:":
+            raise ConfigError(f"--storage {url}: an in-memory database keeps nothing; {fix}")
+        path = Path(db)
+        if path.exists():
+            if not path.is_file():
+                raise ConfigError(f"--storage {url}: {path} is not a file; {fix}")
+        elif not path.parent.is_dir():
+            raise ConfigError(
+                f"--storage {url}: directory {path.parent} does not exist; create it first"
+            )
+        if not path.exists():
+            return
+    try:
+        engine = sqlalchemy.create_engine(url)
+        with engine.connect():
+            pass
+        engine.dispose()
+    except Exception as e:
+        first = str(e).strip().splitlines()[0][:200]
+        raise ConfigError(f"--storage {url}: cannot open it ({first}); {fix}") from None
+
+
+def open_storage(url: str) -> optuna.storages.RDBStorage:
+    try:
+        return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0][:200]
+        raise ConfigError(
+            f"--storage {url}: cannot open it as an Optuna storage ({first})"
+        ) from None

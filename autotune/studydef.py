@@ -1,0 +1,171 @@
+"""Study definitions: which trainer, world size, backend, space, objective, budget.
+
+A definition is a YAML file in ``studies/`` (picked by name: ``--study default``) or anywhere
+(``--study path/to/mine.yaml``). Command-line flags override its fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from autotune import _yaml
+from autotune.config import MeasureSettings
+from autotune.durations import parse_duration
+from autotune.errors import ConfigError
+
+__all__ = ["SAMPLERS", "StudyDefinition", "available_studies"]
+
+SAMPLERS = ("tpe", "gp", "random", "cmaes", "grid")
+BACKENDS = ("auto", "gloo", "nccl")
+OBJECTIVES = ("throughput",)
+_KEYS = (
+    "description",
+    "trainer",
+    "trainer_options",
+    "world_size",
+    "backend",
+    "space",
+    "objective",
+    "budget",
+    "sampler",
+    "seed",
+    "trial_timeout",
+    "measure",
+)
+_MEASURE_KEYS = ("warmup_steps", "window_s", "min_steps", "max_steps")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudyDefinition:
+    """A ready study: what to tune and how long."""
+
+    name: str
+    """The definition's name (its file's stem); the default study name builds on it."""
+    description: str = ""
+    """One line for ``autotune studies``."""
+    trainer: str = "mlp"
+    """Built-in trainer name or ``package.module:function``."""
+    trainer_options: dict[str, Any] = field(default_factory=dict)
+    """Keyword options passed to the trainer function."""
+    world_size: int | None = None
+    """DDP ranks per trial; None: one per GPU with nccl, 2 with gloo."""
+    backend: str = "auto"
+    """``gloo``, ``nccl``, or ``auto`` (nccl when the cluster has GPUs)."""
+    space: str = "default"
+    """Search space name or path."""
+    objective: str = "throughput"
+    """What the study maximises: samples/s over all ranks."""
+    budget_s: float = 600.0
+    """Wall-clock seconds one ``autotune run`` may launch trials for."""
+    sampler: str = "tpe"
+    """tpe, gp, random, cmaes or grid."""
+    seed: int | None = None
+    """Sampler and data seed."""
+    trial_timeout_s: float | None = None
+    """Seconds before a trial is killed; None: derived from the baseline."""
+    measure: MeasureSettings = field(default_factory=MeasureSettings)
+    """Warm-up and timed-window settings."""
+
+    @classmethod
+    def load(cls, name_or_path: str) -> StudyDefinition:
+        path = _find(name_or_path)
+        data = _yaml.read_mapping(path, what="study definition")
+        return cls.from_mapping(data, where=f"study definition {path}", name=path.stem)
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any], *, where: str, name: str) -> StudyDefinition:
+        _yaml.check_keys(data, where=where, allowed=_KEYS, required=("trainer",))
+        measure = data.get("measure") or {}
+        if not isinstance(measure, dict):
+            raise ConfigError(f"{where}: measure must be a mapping")
+        _yaml.check_keys(measure, where=f"{where}: measure", allowed=_MEASURE_KEYS)
+        options = data.get("trainer_options") or {}
+        if not isinstance(options, dict):
+            raise ConfigError(f"{where}: trainer_options must be a mapping of keyword options")
+        d = cls(
+            name=name,
+            description=str(data.get("description", "")),
+            trainer=str(data["trainer"]),
+            trainer_options=options,
+            world_size=data.get("world_size"),
+            backend=data.get("backend", "auto"),
+            space=str(data.get("space", "default")),
+            objective=data.get("objective", "throughput"),
+            budget_s=parse_duration(data.get("budget", "10m"), what=f"{where}: budget"),
+            sampler=data.get("sampler", "tpe"),
+            seed=data.get("seed"),
+            trial_timeout_s=(
+                None
+                if data.get("trial_timeout") is None
+                else parse_duration(data["trial_timeout"], what=f"{where}: trial_timeout")
+            ),
+            measure=MeasureSettings(**measure),
+        )
+        d.check(where)
+        return d
+
+    def check(self, where: str = "--study") -> None:
+        """Every field within its rules; messages name the flag that fixes it."""
+        ws = self.world_size
+        if ws is not None and (isinstance(ws, bool) or not isinstance(ws, int) or ws < 1):
+            raise ConfigError(f"{where}: world_size must be a positive integer, got {ws!r}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(
+                f"{where}: backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}"
+            )
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(
+                f"{where}: objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}"
+            )
+        if self.sampler not in SAMPLERS:
+            raise ConfigError(
+                f"--sampler: unknown sampler {self.sampler!r}; choose one of {', '.join(SAMPLERS)}"
+            )
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int)
+        ):
+            raise ConfigError(f"{where}: seed must be an integer, got {self.seed!r}")
+        m = self.measure
+        for key in ("warmup_steps", "min_steps", "max_steps"):
+            v = getattr(m, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{where}: measure.{key} must be a whole number >= 0, got {v!r}")
+        if not isinstance(m.window_s, (int, float)) or m.window_s <= 0:
+            raise ConfigError(f"{where}: measure.window_s must be positive, got {m.window_s!r}")
+        if m.min_steps < 1 or m.max_steps < m.min_steps:
+            raise ConfigError(f"{where}: measure needs 1 <= min_steps <= max_steps")
+
+    def override(self, **changes: Any) -> StudyDefinition:
+        """A copy with the given non-None fields replaced, checked again."""
+        d = replace(self, **{k: v for k, v in changes.items() if v is not None})
+        d.check()
+        return d
+
+
+def _builtin_dir() -> Path:
+    return Path(str(resources.files("autotune.studies")))
+
+
+def available_studies() -> list[str]:
+    return sorted(p.stem for p in _builtin_dir().glob("*.yaml"))
+
+
+def _find(name_or_path: str) -> Path:
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or "/" in name_or_path:
+        if not p.is_file():
+            raise ConfigError(
+                f"--study: no such file {name_or_path}; give a YAML file or one "
+                f"of the built-in studies: {', '.join(available_studies())}"
+            )
+        return p
+    builtin = _builtin_dir() / f"{name_or_path}.yaml"
+    if not builtin.is_file():
+        raise ConfigError(
+            f"--study: unknown study definition {name_or_path!r}; choose one of "
+            f"{', '.join(available_studies())} or give a path to a YAML file"
+        )
+    return builtin

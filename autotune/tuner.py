@@ -1,0 +1,430 @@
+"""The tuning loop: an Optuna study whose trials are real DDP jobs launched through Ray.
+
+``run(request)`` in the order it happens:
+
+1. check every input that can be checked without side effects (study definition, space,
+   trainer, budget, storage URL) - bad input leaves nothing behind;
+2. connect to Ray, reserve the ranks' placement group, probe the hardware from inside it;
+3. resolve the space against backend and device (knobs that cannot act are left out, with
+   the reason printed and stored on the study);
+4. create or resume the study; a new study's first trial is the baseline (every knob at its
+   PyTorch/NCCL/torchrun default), and every trial records its speedup against it;
+5. ``study.optimize`` until the budget is spent (a trial is not started when the budget left
+   is shorter than a typical trial); failed trials are FAIL with a reason, the run goes on;
+6. export the best profile, print where the study and profile are.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune import storage as storage_mod
+from autotune.config import TrialConfig
+from autotune.durations import format_duration
+from autotune.errors import BaselineFailed, ConfigError, TrialFailed
+from autotune.knobs import Target
+from autotune.launcher import TrialRunner, connect
+from autotune.profile import Profile
+from autotune.space import ResolvedSpace, SearchSpace
+from autotune.studydef import StudyDefinition
+from autotune.workload import load_workload
+
+__all__ = ["RunRequest", "RunSummary", "export_profile", "make_sampler", "run"]
+
+#: Timeout of the baseline trial when none is set (later trials derive theirs from it).
+BASELINE_TIMEOUT_S = 300.0
+#: Floor and multiple of the baseline's wall time for the derived trial timeout.
+TIMEOUT_FLOOR_S = 60.0
+TIMEOUT_FACTOR = 4.0
+#: Study user attribute holding autotune's own record of the study.
+ATTR = "autotune"
+
+
+@dataclass(kw_only=True)
+class RunRequest:
+    """One ``autotune run``: a study definition with its overrides, and where to put things."""
+
+    definition: StudyDefinition
+    run_dir: Path
+    study_name: str | None = None
+    storage_url: str | None = None
+    address: str | None = None
+    profile_path: Path | None = None
+
+
+@dataclass
+class RunSummary:
+    study_name: str
+    storage_url: str
+    profile_path: Path | None
+    trials: dict[str, int] = field(default_factory=dict)
+    baseline: float | None = None
+    best: float | None = None
+    dropped: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+
+def make_sampler(name: str, seed: int | None, space: ResolvedSpace) -> optuna.samplers.BaseSampler:
+    """Optuna's own samplers; TPE is multivariate and groups conditional dimensions."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if name == "tpe":
+            return optuna.samplers.TPESampler(
+                seed=seed, multivariate=True, group=True, n_startup_trials=8
+            )
+        if name == "gp":
+            return optuna.samplers.GPSampler(seed=seed, n_startup_trials=8)
+        if name == "random":
+            return optuna.samplers.RandomSampler(seed=seed)
+        if name == "cmaes":
+            return optuna.samplers.CmaEsSampler(
+                seed=seed, n_startup_trials=8, warn_independent_sampling=False
+            )
+        if name == "grid":
+            return optuna.samplers.GridSampler(space.grid(), seed=seed)
+    raise ConfigError(f"--sampler: unknown sampler {name!r}")
+
+
+def _print(console: Any, text: str) -> None:
+    if console is not None:
+        console.print(text, highlight=False, soft_wrap=True)
+
+
+def run(req: RunRequest, console: Any = None) -> RunSummary:
+    d = req.definition
+    # 1. Everything checkable without side effects.
+    space = SearchSpace.load(d.space)
+    workload = load_workload(d.trainer, d.trainer_options)
+    storage_url = req.storage_url or storage_mod.default_url(req.run_dir)
+    if req.storage_url is None:
+        if req.run_dir.exists() and not req.run_dir.is_dir():
+            raise ConfigError(f"--run-dir {req.run_dir}: exists and is not a directory")
+    else:
+        storage_mod.check_url(storage_url)
+
+    # 2. Ray and the ranks' placement group.
+    conn = connect(req.address, extra_pythonpath=os.getcwd())
+    runner = None
+    try:
+        backend = d.backend
+        if backend == "auto":
+            import ray
+
+            backend = "nccl" if ray.cluster_resources().get("GPU", 0) >= 1 else "gloo"
+        world = d.world_size
+        if world is None:
+            import ray
+
+            world = int(ray.cluster_resources().get("GPU", 0)) if backend == "nccl" else 2
+        if workload.global_batch % world:
+            raise ConfigError(
+                f"--world-size {world}: the workload's global batch {workload.global_batch} "
+                f"is not divisible by it; pick a world size that divides it"
+            )
+        runner = TrialRunner(world_size=world, backend=backend)
+        hw = runner.probe()
+        if "error" in hw:
+            raise ConfigError(f"--backend {backend}: {hw['error']}; use --backend gloo")
+        ranks_per_node = math.ceil(world / hw["node_count"])
+        target = Target(
+            backend=backend,
+            device=hw["device"],
+            world_size=world,
+            global_batch=workload.global_batch,
+            cpus_per_rank=max(1, hw["cpus"] // ranks_per_node),
+            bf16=hw["bf16"],
+            tf32=hw["tf32"],
+        )
+        # 3. The space this study searches.
+        resolved = space.resolve(target)
+        name = req.study_name or f"{d.name}-{d.trainer.replace(':', '.')}-{backend}-{world}r"
+        if req.storage_url is None:
+            req.run_dir.mkdir(parents=True, exist_ok=True)
+        # 4. The study.
+        study = _open_study(name, storage_url, d, resolved, workload.global_batch, hw, console)
+        profile_path = req.profile_path or req.run_dir / "profiles" / f"{name}.yaml"
+        loop = _Loop(study=study, runner=runner, space=resolved, definition=d, console=console)
+        summary = RunSummary(
+            study_name=name,
+            storage_url=storage_url,
+            profile_path=None,
+            dropped=[str(x) for x in resolved.dropped],
+        )
+        # 5. Trials until the budget is spent.
+        try:
+            loop.optimize()
+        except KeyboardInterrupt:
+            summary.interrupted = True
+        # 6. The profile.
+        summary.trials = _counts(study)
+        summary.baseline = _baseline_value(study)
+        if any(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False)):
+            summary.best = study.best_value
+            export_profile(study, profile_path, budget_s=d.budget_s)
+            summary.profile_path = profile_path
+        return summary
+    finally:
+        if runner is not None:
+            runner.close()
+        conn.close()
+
+
+def _open_study(
+    name: str,
+    url: str,
+    d: StudyDefinition,
+    space: ResolvedSpace,
+    global_batch: int,
+    hw: dict[str, Any],
+    console: Any,
+) -> optuna.Study:
+    storage = storage_mod.open_storage(url)
+    sampler = make_sampler(d.sampler, d.seed, space)
+    workload = {
+        "trainer": d.trainer,
+        "options": dict(d.trainer_options),
+        "world_size": space.target.world_size,
+        "backend": space.target.backend,
+        "global_batch": global_batch,
+    }
+    existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage)}
+    if name in existing:
+        study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+        if study.direction != optuna.study.StudyDirection.MAXIMIZE:
+            raise ConfigError(
+                f"--study-name {name}: that study in {url} is not a maximisation study; "
+                f"choose another --study-name"
+            )
+        old = study.user_attrs.get(ATTR, {}).get("workload")
+        if old is not None and old != workload:
+            raise ConfigError(
+                f"--study-name {name}: that study measured workload {old}, this run asks for "
+                f"{workload}; choose another --study-name"
+            )
+        _print(console, f"Resuming study [bold]{name}[/] ({len(study.trials)} trials so far)")
+    else:
+        study = optuna.create_study(
+            study_name=name, storage=storage, sampler=sampler, direction="maximize"
+        )
+        study.set_metric_names(["samples_per_s"])
+        _print(console, f"New study [bold]{name}[/]")
+    record = dict(study.user_attrs.get(ATTR, {}))
+    record.update(
+        version=1,
+        workload=workload,
+        hardware={
+            k: hw.get(k)
+            for k in ("device", "device_name", "device_count", "node_count", "torch", "nccl")
+        },
+        space=space.to_mapping(),
+        left_out=[str(x) for x in space.dropped],
+    )
+    study.set_user_attr(ATTR, record)
+    _print(
+        console,
+        f"Searching {len(space.distributions)} dimensions: {', '.join(space.distributions)}",
+    )
+    if space.dropped:
+        _print(console, "Left out on this backend/device (no trial is spent on a no-op):")
+        for item in space.dropped:
+            _print(console, f"  - {item}")
+    if _baseline_value(study) is None and not any(
+        t.state == TrialState.WAITING and t.user_attrs.get("baseline")
+        for t in study.get_trials(deepcopy=False)
+    ):
+        study.enqueue_trial(space.baseline_params(), user_attrs={"baseline": True})
+    return study
+
+
+def _baseline_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if t.user_attrs.get("baseline"):
+            return t
+    return None
+
+
+def _baseline_value(study: optuna.Study) -> float | None:
+    t = _baseline_trial(study)
+    return None if t is None else t.value
+
+
+def _counts(study: optuna.Study) -> dict[str, int]:
+    out = {"complete": 0, "failed": 0, "pruned": 0}
+    key = {TrialState.COMPLETE: "complete", TrialState.FAIL: "failed", TrialState.PRUNED: "pruned"}
+    for t in study.get_trials(deepcopy=False):
+        if t.state in key:
+            out[key[t.state]] += 1
+    out["total"] = sum(out.values())
+    return out
+
+
+class _Loop:
+    """The objective and the budget guard of one run."""
+
+    def __init__(
+        self,
+        *,
+        study: optuna.Study,
+        runner: TrialRunner,
+        space: ResolvedSpace,
+        definition: StudyDefinition,
+        console: Any,
+    ) -> None:
+        self.study, self.runner, self.space, self.d = study, runner, space, definition
+        self.console = console
+        self.started = time.monotonic()
+        self.walls: list[float] = []
+
+    def optimize(self) -> None:
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        self.started = time.monotonic()
+        self.study.optimize(
+            self.objective,
+            timeout=self.d.budget_s,
+            catch=(TrialFailed,),
+            callbacks=[self.budget_guard],
+        )
+
+    def trial_timeout(self) -> float:
+        if self.d.trial_timeout_s is not None:
+            return self.d.trial_timeout_s
+        base = _baseline_trial(self.study)
+        if base is None or "wall_s" not in base.user_attrs:
+            return BASELINE_TIMEOUT_S
+        return max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * base.user_attrs["wall_s"])
+
+    def budget_guard(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        """Stop before a trial that the budget left cannot hold."""
+        left = self.d.budget_s - (time.monotonic() - self.started)
+        if self.walls and left < statistics.median(self.walls):
+            study.stop()
+
+    def objective(self, trial: optuna.Trial) -> float:
+        t0 = time.monotonic()
+        values = self.space.suggest(trial)
+        config = TrialConfig.from_values(values, self.space.target)
+        trial.set_user_attr("config", config.to_dict())
+        is_baseline = bool(trial.user_attrs.get("baseline"))
+        baseline = _baseline_value(self.study)
+        try:
+            illegal = self.space.illegal(values)
+            if illegal:
+                raise TrialFailed("illegal", illegal)
+            result = self.runner.run(
+                trial=trial.number,
+                trainer=self.d.trainer,
+                trainer_options=dict(self.d.trainer_options),
+                config=config,
+                measure=self.d.measure,
+                seed=self.d.seed or 0,
+                timeout_s=self.trial_timeout(),
+            )
+        except TrialFailed as e:
+            trial.set_user_attr("reason", e.reason)
+            trial.set_user_attr("reason_detail", e.detail)
+            trial.set_user_attr("wall_s", round(time.monotonic() - t0, 3))
+            self.walls.append(time.monotonic() - t0)
+            self._report(trial, None, None, params=trial.params, failure=e)
+            if is_baseline:
+                raise BaselineFailed(
+                    f"the baseline trial (PyTorch defaults) failed: {e}; the workload must run "
+                    f"with the defaults before it can be tuned"
+                ) from None
+            raise
+        ranks = result.ranks
+        speedup = 1.0 if is_baseline or not baseline else result.throughput / baseline
+        attrs = {
+            "throughput": round(result.throughput, 3),
+            "step_time_s": round(result.step_time_s, 6),
+            "peak_memory_mb": [r["peak_memory_mb"] for r in ranks],
+            "speedup": round(speedup, 4),
+            "steps": ranks[0]["steps"],
+            "window_s": round(result.window_s, 3),
+            "wall_s": round(result.wall_s, 3),
+            "overhead_s": round(result.overhead_s, 3),
+            "loss": ranks[0]["loss"],
+        }
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+        self.walls.append(time.monotonic() - t0)
+        self._report(trial, result.throughput, speedup, params=trial.params)
+        return result.throughput
+
+    def _report(
+        self,
+        trial: optuna.Trial,
+        thr: float | None,
+        speedup: float | None,
+        *,
+        params: dict[str, Any],
+        failure: TrialFailed | None = None,
+    ) -> None:
+        tag = "baseline" if trial.user_attrs.get("baseline") else f"trial {trial.number}"
+        defaults = self.space.defaults()
+        changed = {k: v for k, v in params.items() if v != defaults.get(k)}
+        shown = " ".join(f"{k}={_short(v)}" for k, v in changed.items()) or "defaults"
+        elapsed = format_duration(time.monotonic() - self.started)
+        if failure is not None:
+            _print(
+                self.console,
+                f"[{elapsed}] {tag:>9} [red]FAIL[/] {failure.reason}: "
+                f"{failure.detail}  [dim]{shown}[/]",
+            )
+        else:
+            _print(
+                self.console,
+                f"[{elapsed}] {tag:>9} [green]{thr:9.1f}[/] samples/s "
+                f"{speedup:5.2f}x  [dim]{shown}[/]",
+            )
+
+
+def _short(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def export_profile(study: optuna.Study, path: Path, *, budget_s: float | None = None) -> Path:
+    """Write the profile of ``study``'s best COMPLETE trial to ``path``."""
+    record = study.user_attrs.get(ATTR)
+    if not record:
+        raise ConfigError(f"--study-name {study.study_name}: not an autotune study")
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not complete:
+        raise ConfigError(
+            f"--study-name {study.study_name}: no COMPLETE trial to export yet; run it first"
+        )
+    best = study.best_trial
+    base = _baseline_trial(study)
+    baseline = base.value if base is not None else None
+    counts = _counts(study)
+    measured: dict[str, Any] = {
+        "baseline_samples_per_s": None if baseline is None else round(baseline, 2),
+        "best_samples_per_s": round(best.value, 2),
+        "speedup": None if not baseline else round(best.value / baseline, 3),
+        "trials": counts,
+        "budget": None if budget_s is None else format_duration(budget_s),
+        "tuning_s": round(sum(t.user_attrs.get("wall_s", 0.0) for t in study.trials), 1),
+    }
+    if base is not None and best.number == base.number:
+        measured["note"] = "no trial beat the baseline: keep PyTorch's defaults"
+    profile = Profile.from_config(
+        TrialConfig.from_dict(best.user_attrs["config"]),
+        study={
+            "name": study.study_name,
+            "best_trial": best.number,
+            "baseline_trial": None if base is None else base.number,
+        },
+        workload=record["workload"],
+        hardware=record["hardware"],
+        measured=measured,
+    )
+    return profile.save(path)
