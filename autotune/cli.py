@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--trial-timeout",
         help="kill a trial after this long (default: 4x the "
-        "baseline trial's duration, at least 60s)",
+        "baseline trial's duration, at least 30s)",
     )
     r.add_argument(
         "--study-name",
@@ -180,9 +180,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
     url = args.storage or storage_mod.default_url(
         (args.run_dir or default_run_dir()).expanduser().absolute()
     )
-    storage_mod.check_url(url)
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
         raise ConfigError(f"--storage {url}: no such database; give the one `autotune run` used")
+    storage_mod.check_url(url)
     try:
         study = optuna.load_study(study_name=args.study_name, storage=url)
     except KeyError:

@@ -139,6 +139,9 @@ def _micro_batch_choice(t: Target, v: Any) -> str | None:
 def _hook_choice(t: Target, v: Any) -> str | None:
     if v == "bf16" and t.backend != "nccl":
         return "torch refuses bf16_compress_hook without NCCL"
+    if v == "powersgd" and t.backend == "gloo":
+        # Known upstream (pytorch/pytorch#58467; torch's own parity test is disabled on gloo).
+        return "PowerSGD crashes or hangs on gloo (4 of 4 trials here; pytorch#58467)"
     return None
 
 
@@ -184,8 +187,9 @@ class Knob:
     """Why the whole knob cannot act on a target, or None."""
     drop_choice: Callable[[Target, Any], str | None] = _no_choice_drop
     """Why one value cannot act on a target, or None."""
-    parent: tuple[str, Callable[[Any], bool]] | None = None
-    """(knob, predicate): suggested only when the predicate holds for that knob's value."""
+    parent: tuple[str, Callable[[Any, Target], bool]] | None = None
+    """(knob, predicate): suggested only when ``predicate(that knob's value, target)`` holds;
+    the parent must come earlier in KNOBS."""
     choices_only: bool = False
     """Only a ``categorical`` distribution can describe it (flags, names, NCCL's 'default')."""
 
@@ -197,11 +201,25 @@ def _positive_number(v: Any) -> str | None:
     return None if _number(v) and v > 0 else "must be a positive number"
 
 
-def _workers_on(v: Any) -> bool:
+def _workers_on(v: Any, t: Target) -> bool:
     return _is_int(v) and v > 0
 
 
+def _no_accumulation(v: Any, t: Target) -> bool:
+    return v == t.per_rank_batch
+
+
 _KNOB_LIST = [
+    # Batch first: static_graph depends on it. Accumulation keeps the global batch.
+    Knob(
+        name="micro_batch",
+        section="batch",
+        default=lambda t: t.per_rank_batch,
+        legal=_int_at_least(1),
+        drop=_micro_batch_drop,
+        drop_choice=_micro_batch_choice,
+        doc="samples per rank per forward pass; accumulation steps keep the global batch",
+    ),
     # DistributedDataParallel(...) kwargs and the communication hook.
     Knob(
         name="bucket_cap_mb",
@@ -224,7 +242,8 @@ _KNOB_LIST = [
         section="ddp",
         default=False,
         legal=_bool_legal,
-        doc="declare the graph static so DDP can skip per-step unused-parameter work",
+        parent=("micro_batch", _no_accumulation),
+        doc="declare the graph static (only without accumulation: torch's reducer asserts)",
     ),
     Knob(
         name="comm_hook",
@@ -240,18 +259,8 @@ _KNOB_LIST = [
         section="ddp",
         default=1,
         legal=_int_at_least(1),
-        parent=("comm_hook", lambda v: v == "powersgd"),
+        parent=("comm_hook", lambda v, t: v == "powersgd"),
         doc="PowerSGD matrix_approximation_rank (only when comm_hook is powersgd)",
-    ),
-    # Batch: the micro-batch per rank; accumulation keeps the global batch.
-    Knob(
-        name="micro_batch",
-        section="batch",
-        default=lambda t: t.per_rank_batch,
-        legal=_int_at_least(1),
-        drop=_micro_batch_drop,
-        drop_choice=_micro_batch_choice,
-        doc="samples per rank per forward pass; accumulation steps keep the global batch",
     ),
     # DataLoader kwargs.
     Knob(

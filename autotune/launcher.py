@@ -35,16 +35,48 @@ log = logging.getLogger(__name__)
 PLACEMENT_TIMEOUT_S = 60.0
 
 
+#: Seconds to wait for a TCP answer from a given cluster address before giving up.
+REACH_TIMEOUT_S = 5.0
+
+
 @dataclass
 class RayConnection:
     address: str | None
     started_here: bool
+    owned: bool = True
+    """False when Ray was already initialised by the caller (library use): left as found."""
 
     def close(self) -> None:
         import ray
 
-        if ray.is_initialized():
+        if self.owned and ray.is_initialized():
             ray.shutdown()
+
+
+def _check_reachable(address: str) -> None:
+    """Fail fast where ray.init would retry for minutes: nothing answers at HOST:PORT."""
+    import ray._private.services as services
+
+    fix = "start one with `ray start --head` or leave --address out to start a local instance"
+    resolved = address
+    if address == "auto":
+        try:
+            resolved = services.canonicalize_bootstrap_address(address)
+        except Exception:
+            resolved = None
+        if not resolved:
+            raise ConfigError(
+                f"--address auto: no running Ray cluster found on this machine; {fix}"
+            )
+    host, sep, port = resolved.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"--address {address}: expected auto or HOST:PORT (e.g. 127.0.0.1:6379)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
+    except OSError as e:
+        raise ConfigError(
+            f"--address {address}: nothing answers there ({e.strerror or e}); {fix}"
+        ) from None
 
 
 def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayConnection:
@@ -55,6 +87,10 @@ def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayC
     """
     import ray
 
+    if ray.is_initialized():
+        return RayConnection(address=address, started_here=False, owned=False)
+    if address is not None:
+        _check_reachable(address)
     env_vars: dict[str, str] = {}
     if address is None and extra_pythonpath:
         env_vars["PYTHONPATH"] = os.pathsep.join(
@@ -70,7 +106,9 @@ def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayC
     if address is None:
         kwargs["include_dashboard"] = False
     try:
-        ray.init(address=address, **kwargs)
+        # "local": always a new instance, even where RAY_ADDRESS or a `ray start` cluster
+        # exists (Ray would join those on address=None); --address is how to join one.
+        ray.init(address=address or "local", **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(

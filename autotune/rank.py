@@ -186,8 +186,22 @@ def run_rank(spec: RankSpec) -> dict[str, Any]:
             peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
         else:
             peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        logged = ddp._get_ddp_logging_data()
+        applied = {  # read back from the live objects, not from the spec
+            "bucket_cap_mb": ddp.bucket_bytes_cap / 2**20,
+            "gradient_as_bucket_view": bool(ddp.gradient_as_bucket_view),
+            "static_graph": bool(ddp.static_graph),
+            "comm_hook": logged.get("comm_hook") or "none",
+            "threads": torch.get_num_threads(),
+            "num_workers": loader.num_workers,
+            "pin_memory": loader.pin_memory,
+            "micro_batch": loader.batch_size,
+            "accumulation_steps": accum,
+            "grad_scaler": scaler.is_enabled(),
+        }
         return {
             "rank": spec.rank,
+            "applied": applied,
             "pid": os.getpid(),
             "steps": steps,
             "samples": steps * cfg.micro_batch * accum,

@@ -327,7 +327,7 @@ class ResolvedSpace:
         out = []
         for name in self.distributions:
             parent = KNOBS[name].parent
-            if parent is None or parent[1](values[parent[0]]):
+            if parent is None or parent[1](values[parent[0]], self.target):
                 out.append(name)
         return out
 
@@ -341,7 +341,7 @@ class ResolvedSpace:
         values = self.defaults()
         for name, dist in self.distributions.items():
             parent = KNOBS[name].parent
-            if parent is not None and not parent[1](values[parent[0]]):
+            if parent is not None and not parent[1](values[parent[0]], self.target):
                 continue
             values[name] = _suggest(trial, name, dist)
         return values

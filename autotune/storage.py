@@ -7,6 +7,7 @@ behind); ``open_storage`` then opens it with heartbeats, so trials of a driver t
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import optuna
@@ -60,7 +61,11 @@ def check_url(url: str) -> None:
 
 def open_storage(url: str) -> optuna.storages.RDBStorage:
     try:
-        return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(
+                url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S
+            )
     except Exception as e:
         first = str(e).strip().splitlines()[0][:200]
         raise ConfigError(

@@ -44,7 +44,7 @@ __all__ = ["RunRequest", "RunSummary", "export_profile", "make_sampler", "run"]
 #: Timeout of the baseline trial when none is set (later trials derive theirs from it).
 BASELINE_TIMEOUT_S = 300.0
 #: Floor and multiple of the baseline's wall time for the derived trial timeout.
-TIMEOUT_FLOOR_S = 60.0
+TIMEOUT_FLOOR_S = 30.0
 TIMEOUT_FACTOR = 4.0
 #: Study user attribute holding autotune's own record of the study.
 ATTR = "autotune"
@@ -188,6 +188,7 @@ def _open_study(
     hw: dict[str, Any],
     console: Any,
 ) -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = storage_mod.open_storage(url)
     sampler = make_sampler(d.sampler, d.seed, space)
     workload = {
@@ -216,7 +217,9 @@ def _open_study(
         study = optuna.create_study(
             study_name=name, storage=storage, sampler=sampler, direction="maximize"
         )
-        study.set_metric_names(["samples_per_s"])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(["samples_per_s"])
         _print(console, f"New study [bold]{name}[/]")
     record = dict(study.user_attrs.get(ATTR, {}))
     record.update(

@@ -1,0 +1,42 @@
+"""Shared fixtures. Integration tests share one real Ray instance per session (``ray_address``);
+CLI runs join it with ``--address`` so that no test pays for a second Ray start."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def ray_address():
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        # Rank processes import the test trainers from tests/.
+        pythonpath = os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level="WARNING",
+            runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
+        )
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+@pytest.fixture
+def run_env(tmp_path):
+    """Environment for `autotune` subprocesses: run outputs in a fresh temporary directory."""
+    env = dict(os.environ)
+    env["AUTOTUNE_HOME"] = str(tmp_path / "home")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def autotune_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "autotune.cli", *args]

@@ -1,0 +1,253 @@
+"""`autotune run` end to end: a real Ray instance, real 2-rank gloo DDP trials, a real SQLite
+Optuna storage, read back by Optuna's own API and by the real optuna-dashboard."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.profile import Profile
+from tests.conftest import autotune_cmd
+
+pytestmark = pytest.mark.integration
+
+BUDGET_S = 45
+STUDY = "quick-mlp-gloo-2r"
+
+
+def autotune(env, *args, timeout=600):
+    p = subprocess.run(
+        autotune_cmd(*args), env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p
+
+
+@pytest.fixture(scope="module")
+def finished_run(ray_address, tmp_path_factory):
+    """One real run, shared by the tests that read what it left."""
+    home = tmp_path_factory.mktemp("run") / "home"
+    env = {**__import__("os").environ, "AUTOTUNE_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    p = autotune(
+        env, "run", "--study", "quick", "--budget", f"{BUDGET_S}s", "--address", ray_address
+    )
+    url = f"sqlite:///{home / 'autotune.db'}"
+    return {"env": env, "home": home, "url": url, "stdout": p.stdout, "address": ray_address}
+
+
+def load(run):
+    return optuna.load_study(study_name=STUDY, storage=run["url"])
+
+
+def test_study_holds_a_complete_baseline_and_measured_trials(finished_run):
+    study = load(finished_run)
+    trials = study.get_trials()
+    base = trials[0]
+    assert base.user_attrs["baseline"] is True and base.state == TrialState.COMPLETE
+    assert base.user_attrs["speedup"] == 1.0
+    assert [t.number for t in trials if t.user_attrs.get("baseline")] == [0]
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(complete) >= 3
+    for t in complete:
+        a = t.user_attrs
+        assert a["throughput"] == pytest.approx(t.value, rel=1e-6)
+        assert a["speedup"] == pytest.approx(t.value / base.value, rel=1e-3)
+        assert a["step_time_s"] > 0 and len(a["peak_memory_mb"]) == 2
+        assert a["config"]["global_batch"] == 64  # the workload's global batch, always
+    for t in trials:
+        if t.state == TrialState.FAIL:
+            assert t.user_attrs["reason"] in ("crash", "timeout", "illegal", "nan", "oom")
+            assert t.user_attrs["reason_detail"]
+    assert study.metric_names == ["samples_per_s"]
+    assert study.direction == optuna.study.StudyDirection.MAXIMIZE
+
+
+def test_no_trial_starts_after_the_budget(finished_run):
+    trials = load(finished_run).get_trials()
+    first = trials[0].datetime_start
+    assert all((t.datetime_start - first).total_seconds() <= BUDGET_S for t in trials)
+
+
+def test_run_says_what_it_left_out_and_where_things_are(finished_run):
+    out = finished_run["stdout"]
+    assert "NCCL_ALGO: NCCL variables act only with the nccl backend" in out
+    assert "comm_hook=bf16: torch refuses bf16_compress_hook without NCCL" in out
+    assert f"Storage    {finished_run['url']}" in out
+    assert "optuna-dashboard sqlite:///" in out
+
+
+def test_profile_has_every_key_and_is_the_best_trial(finished_run):
+    path = finished_run["home"] / "profiles" / f"{STUDY}.yaml"
+    profile = Profile.load(path)
+    study = load(finished_run)
+    assert profile.study["best_trial"] == study.best_trial.number
+    assert profile.measured["best_samples_per_s"] == pytest.approx(study.best_value, abs=0.01)
+    assert profile.measured["baseline_samples_per_s"] == pytest.approx(
+        study.trials[0].value, abs=0.01
+    )
+    assert profile.workload == {
+        "trainer": "mlp",
+        "options": {"width": 256, "layers": 4, "global_batch": 64},
+        "world_size": 2,
+        "backend": "gloo",
+        "global_batch": 64,
+    }
+    assert profile.hardware["device"] == "cpu" and profile.hardware["node_count"] == 1
+    best_config = study.best_trial.user_attrs["config"]
+    assert profile.ddp_kwargs == best_config["ddp"]
+    assert profile.batch["micro_batch"] == best_config["micro_batch"]
+
+
+def test_export_writes_the_same_profile(finished_run, tmp_path):
+    out = tmp_path / "exported.yaml"
+    autotune(finished_run["env"], "export", "--study-name", STUDY, "-o", str(out))
+    exported = Profile.load(out)
+    written = Profile.load(finished_run["home"] / "profiles" / f"{STUDY}.yaml")
+    assert exported.ddp == written.ddp and exported.batch == written.batch
+    assert exported.measured["speedup"] == written.measured["speedup"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_real_optuna_dashboard_reads_the_study(finished_run):
+    port = free_port()
+    exe = str(Path(sys.executable).parent / "optuna-dashboard")
+    server = subprocess.Popen(
+        [exe, finished_run["url"], "--host", "127.0.0.1", "--port", str(port), "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        studies = None
+        for _ in range(60):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5) as r:
+                    studies = json.load(r)["study_summaries"]
+                break
+            except OSError:
+                time.sleep(0.5)
+        assert studies is not None, "optuna-dashboard did not answer"
+        summary = next(s for s in studies if s["study_name"] == STUDY)
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/api/studies/{summary['study_id']}", timeout=10
+        ) as r:
+            detail = json.load(r)
+        assert len(detail["trials"]) == len(load(finished_run).trials)
+        attrs = {a["key"] for a in detail["trials"][0]["user_attrs"]}
+        assert {"throughput", "speedup", "step_time_s", "peak_memory_mb"} <= attrs
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_running_again_resumes_without_a_second_baseline(finished_run):
+    before = {t.number: t.value for t in load(finished_run).trials}
+    autotune(
+        finished_run["env"],
+        "run",
+        "--study",
+        "quick",
+        "--budget",
+        "12s",
+        "--address",
+        finished_run["address"],
+    )
+    after = load(finished_run).trials
+    assert len(after) > len(before)
+    assert {t.number: t.value for t in after if t.number in before} == before
+    assert [t.number for t in after if t.user_attrs.get("baseline")] == [0]
+
+
+def test_resuming_with_a_different_workload_is_refused(finished_run):
+    p = subprocess.run(
+        autotune_cmd(
+            "run",
+            "--study",
+            "quick",
+            "--budget",
+            "10s",
+            "--study-name",
+            STUDY,
+            "--trainer-option",
+            "width=128",
+            "--address",
+            finished_run["address"],
+        ),
+        env=finished_run["env"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 2
+    assert "choose another --study-name" in p.stderr and "measured workload" in p.stderr
+
+
+def ray_processes() -> int:
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return sum(1 for line in out.splitlines() if "raylet" in line or "gcs_server" in line)
+
+
+TESTS_DIR = Path(__file__).resolve().parent.parent
+
+
+def test_local_ray_runs_a_users_own_trainer_module_and_leaves_nothing_running(run_env):
+    before = ray_processes()
+    p = subprocess.run(
+        autotune_cmd(
+            "run", "--study", "quick", "--budget", "10s", "--trainer", "autotune_test_trainers:tiny"
+        ),
+        env=run_env,
+        cwd=TESTS_DIR,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    url = f"sqlite:///{Path(run_env['AUTOTUNE_HOME']) / 'autotune.db'}"
+    study = optuna.load_study(study_name="quick-autotune_test_trainers.tiny-gloo-2r", storage=url)
+    assert study.trials[0].state == TrialState.COMPLETE
+    assert study.trials[0].user_attrs["config"]["global_batch"] == 32
+    assert ray_processes() == before  # the local instance it started is gone
+
+
+def test_a_baseline_that_fails_stops_the_run_with_the_reason(run_env):
+    p = subprocess.run(
+        autotune_cmd(
+            "run",
+            "--study",
+            "quick",
+            "--budget",
+            "60s",
+            "--trainer",
+            "autotune_test_trainers:raising",
+        ),
+        env=run_env,
+        cwd=TESTS_DIR,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 1
+    assert (
+        "baseline trial (PyTorch defaults) failed: crash: rank 1: RuntimeError: boom on "
+        "purpose in rank 1" in p.stderr
+    )
+    url = f"sqlite:///{Path(run_env['AUTOTUNE_HOME']) / 'autotune.db'}"
+    trials = optuna.load_study(
+        study_name="quick-autotune_test_trainers.raising-gloo-2r", storage=url
+    ).trials
+    assert len(trials) == 1 and trials[0].state == TrialState.FAIL
+    assert trials[0].user_attrs["reason"] == "crash"

@@ -1,0 +1,107 @@
+"""Real Ray, real 2-rank gloo DDP on CPU: one trial at a time through TrialRunner."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.config import MeasureSettings, TrialConfig
+from autotune.errors import TrialFailed
+from autotune.knobs import Target
+from autotune.launcher import TrialRunner
+from autotune.space import SearchSpace
+
+pytestmark = pytest.mark.integration
+
+TARGET = Target(
+    backend="gloo", device="cpu", world_size=2, global_batch=32, cpus_per_rank=1, bf16=True
+)
+QUICK = MeasureSettings(warmup_steps=2, window_s=0.3)
+TRAINER = "autotune_test_trainers:tiny"
+
+
+@pytest.fixture(scope="module")
+def runner(ray_address):
+    r = TrialRunner(world_size=2, backend="gloo")
+    yield r
+    r.close()
+
+
+def config(**changes) -> TrialConfig:
+    r = SearchSpace.load("default").resolve(TARGET)
+    return TrialConfig.from_values({**r.defaults(), **changes}, TARGET)
+
+
+def run(runner, cfg, trainer=TRAINER, timeout_s=120):
+    return runner.run(
+        trial=0,
+        trainer=trainer,
+        trainer_options={},
+        config=cfg,
+        measure=QUICK,
+        seed=0,
+        timeout_s=timeout_s,
+    )
+
+
+def test_probe_sees_the_cpu_from_inside_the_ranks_bundle(runner):
+    hw = runner.probe()
+    assert hw["device"] == "cpu" and hw["node_count"] == 1 and hw["cpus"] >= 1
+    assert hw["torch"].startswith("2.")
+
+
+def test_baseline_trial_runs_two_real_ranks_with_pytorch_defaults(runner):
+    res = run(runner, config())
+    assert [r["rank"] for r in res.ranks] == [0, 1]
+    assert res.ranks[0]["pid"] != res.ranks[1]["pid"]  # separate processes
+    assert res.ranks[0]["steps"] == res.ranks[1]["steps"] >= QUICK.min_steps
+    assert res.throughput == pytest.approx(
+        sum(r["samples"] for r in res.ranks) / max(r["window_s"] for r in res.ranks)
+    )
+    applied = res.ranks[0]["applied"]
+    assert applied["bucket_cap_mb"] == 25 and applied["comm_hook"] == "none"
+    assert applied["accumulation_steps"] == 1 and applied["micro_batch"] == 16
+    assert res.ranks[0]["peak_memory_mb"] > 0
+
+
+def test_trial_env_is_in_every_rank_process_before_the_process_group(runner):
+    for value in ("1048576", "2097152"):
+        cfg = config()
+        cfg.env.update(NCCL_BUFFSIZE=value, AUTOTUNE_TEST_MARK=f"trial-{value}")
+        res = run(runner, cfg)
+        for r in res.ranks:
+            assert r["env_at_start"]["NCCL_BUFFSIZE"] == value
+            assert r["env_at_start"]["AUTOTUNE_TEST_MARK"] == f"trial-{value}"
+            assert r["env_at_start"]["OMP_NUM_THREADS"] == "1"
+            assert r["pg_at_start"] is False
+
+
+def test_each_setting_is_applied_where_it_acts(runner):
+    res = run(
+        runner,
+        config(
+            bucket_cap_mb=5.0,
+            gradient_as_bucket_view=True,
+            comm_hook="fp16",
+            micro_batch=4,
+            num_workers=1,
+            prefetch_factor=2,
+        ),
+    )
+    for r in res.ranks:
+        a = r["applied"]
+        assert a["bucket_cap_mb"] == pytest.approx(5.0)
+        assert a["gradient_as_bucket_view"] is True
+        assert a["comm_hook"] == "fp16_compress_hook"
+        assert (a["micro_batch"], a["accumulation_steps"]) == (4, 4)  # global batch kept
+        assert a["num_workers"] == 1
+        assert r["samples"] == r["steps"] * 16
+
+
+def test_a_rank_that_raises_fails_the_trial_with_its_first_error_line(runner):
+    with pytest.raises(TrialFailed) as e:
+        run(runner, config(), trainer="autotune_test_trainers:raising")
+    assert e.value.reason == "crash"
+    assert "rank 1" in e.value.detail and "boom on purpose in rank 1" in e.value.detail
+    assert "Traceback" not in e.value.detail
+    # the runner is usable straight after: the failed trial's actors are gone
+    assert run(runner, config()).throughput > 0

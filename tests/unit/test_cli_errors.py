@@ -1,0 +1,102 @@
+"""Bad input: a one-line error naming the thing and the fix, exit code 2, nothing written."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import autotune_cmd
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the block ends
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+CASES = {
+    "unknown space": (lambda t: ["--space", "nope"], r"--space: unknown search space 'nope'"),
+    "unknown key in a space": (
+        lambda t: [
+            "--space",
+            write(t, "s.yaml", "ddp:\n  bucket_cap_mb: {type: float, low: 1, high: 9, lg: true}\n"),
+        ],
+        r"ddp.bucket_cap_mb: unknown key 'lg'",
+    ),
+    "low > high": (
+        lambda t: [
+            "--space",
+            write(t, "s.yaml", "ddp:\n  bucket_cap_mb: {type: float, low: 90, high: 9}\n"),
+        ],
+        r"low.*high.*90",
+    ),
+    "unknown trainer": (lambda t: ["--trainer", "resnet"], r"--trainer: unknown trainer 'resnet'"),
+    "unparseable budget": (lambda t: ["--budget", "two hours"], r"--budget: cannot read"),
+    "unreachable Ray address": (
+        lambda t: ["--address", f"127.0.0.1:{closed_port()}"],
+        r"--address .*nothing answers",
+    ),
+    "Ray address that is no address": (
+        lambda t: ["--address", "cluster"],
+        r"expected auto or HOST:PORT",
+    ),
+    "storage in a missing directory": (
+        lambda t: ["--storage", f"sqlite:///{t}/missing/x.db"],
+        r"--storage .*does not exist",
+    ),
+    "storage that is no URL": (
+        lambda t: ["--storage", "not a url"],
+        r"--storage not a url: not a database URL",
+    ),
+    "storage whose server cannot be reached": (
+        lambda t: ["--storage", f"mysql://u@127.0.0.1:{closed_port()}/db"],
+        r"--storage .*cannot open it",
+    ),
+    "unknown study": (lambda t: ["--study", "nope"], r"--study: unknown study definition"),
+    "unknown sampler": (lambda t: ["--sampler", "bayes"], r"--sampler: unknown sampler 'bayes'"),
+    "trainer option without a value": (lambda t: ["--trainer-option", "width"], r"KEY=VALUE"),
+    "unknown flag": (lambda t: ["--budgett", "5m"], r"unrecognized arguments"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, run_env):
+    make_args, message = CASES[case]
+    args = make_args(tmp_path)
+    before = set(tmp_path.rglob("*"))
+    p = subprocess.run(
+        autotune_cmd("run", "--study", "quick", "--budget", "30s", *args),
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2, p.stderr
+    lines = [line for line in p.stderr.splitlines() if line.startswith("autotune")]
+    assert len(lines) == 1 and lines[0].startswith("autotune: error: ")
+    assert "Traceback" not in p.stderr
+    assert re.search(message, lines[0]), lines[0]
+    assert not Path(run_env["AUTOTUNE_HOME"]).exists()  # no run directory, no database
+    assert set(tmp_path.rglob("*")) == before
+
+
+def test_export_of_a_missing_study_is_a_one_line_error(tmp_path, run_env):
+    p = subprocess.run(
+        autotune_cmd("export", "--study-name", "nope"),
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 2 and "no such database" in p.stderr
+    assert not Path(run_env["AUTOTUNE_HOME"]).exists()

@@ -1,0 +1,157 @@
+"""Trial configurations and the profile: where each value goes, and the strict round trip."""
+
+import pytest
+import yaml
+
+from autotune.config import POWERSGD_START_ITER, TrialConfig
+from autotune.errors import ConfigError
+from autotune.knobs import Target
+from autotune.profile import Profile
+from autotune.space import SearchSpace
+
+GPU = Target(
+    backend="nccl",
+    device="cuda",
+    world_size=4,
+    global_batch=256,
+    cpus_per_rank=4,
+    bf16=True,
+    tf32=True,
+)
+
+
+def values(**changes):
+    r = SearchSpace.load("default").resolve(GPU)
+    return {**r.defaults(), **changes}
+
+
+def test_baseline_config_sets_only_torchruns_thread_default():
+    c = TrialConfig.from_values(values(), GPU)
+    assert c.env == {"OMP_NUM_THREADS": "1"}
+    assert c.ddp == {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": False, "static_graph": False}
+    assert c.comm_hook == {"name": "none"}
+    assert c.data == {"num_workers": 0, "pin_memory": False}
+    assert (c.micro_batch, c.accumulation_steps, c.global_batch) == (64, 1, 256)
+
+
+def test_each_value_lands_where_it_acts():
+    c = TrialConfig.from_values(
+        values(
+            NCCL_ALGO="Tree",
+            NCCL_BUFFSIZE=8388608,
+            threads=3,
+            comm_hook="powersgd",
+            powersgd_rank=4,
+            num_workers=2,
+            prefetch_factor=6,
+            persistent_workers=True,
+            micro_batch=16,
+            precision="bf16",
+        ),
+        GPU,
+    )
+    assert c.env == {"NCCL_ALGO": "Tree", "NCCL_BUFFSIZE": "8388608", "OMP_NUM_THREADS": "3"}
+    assert c.threads == 3
+    assert c.comm_hook == {
+        "name": "powersgd",
+        "matrix_approximation_rank": 4,
+        "start_powerSGD_iter": POWERSGD_START_ITER,
+    }
+    assert c.data == {
+        "num_workers": 2,
+        "pin_memory": False,
+        "prefetch_factor": 6,
+        "persistent_workers": True,
+    }
+    # the global batch is kept: 16 x 4 micro-steps x 4 ranks
+    assert (c.micro_batch, c.accumulation_steps, c.global_batch) == (16, 4, 256)
+    assert TrialConfig.from_dict(c.to_dict()) == c
+
+
+def make_profile(**config_changes) -> Profile:
+    c = TrialConfig.from_values(values(**config_changes), GPU)
+    return Profile.from_config(
+        c,
+        study={"name": "s", "best_trial": 7, "baseline_trial": 0},
+        workload={
+            "trainer": "mlp",
+            "options": {"width": 64},
+            "world_size": 4,
+            "backend": "nccl",
+            "global_batch": 256,
+        },
+        hardware={
+            "device": "cuda",
+            "device_name": "H100",
+            "device_count": 4,
+            "node_count": 1,
+            "torch": "2.13.0",
+            "nccl": "2.27.3",
+        },
+        measured={
+            "baseline_samples_per_s": 100.0,
+            "best_samples_per_s": 150.0,
+            "speedup": 1.5,
+            "trials": {"complete": 9},
+            "budget": "5m",
+        },
+    )
+
+
+def test_profile_round_trips_through_the_strict_loader(tmp_path):
+    p = make_profile(comm_hook="fp16", NCCL_PROTO="LL", micro_batch=32)
+    path = p.save(tmp_path / "best.yaml")
+    loaded = Profile.load(path)
+    assert loaded == p
+    assert loaded.trial_config() == TrialConfig.from_values(
+        values(comm_hook="fp16", NCCL_PROTO="LL", micro_batch=32), GPU
+    )
+    assert loaded.ddp_kwargs == {
+        "bucket_cap_mb": 25.0,
+        "gradient_as_bucket_view": False,
+        "static_graph": False,
+    }
+    assert loaded.env["NCCL_PROTO"] == "LL"
+    assert list(yaml.safe_load(path.read_text())) == [
+        "version",
+        "study",
+        "workload",
+        "hardware",
+        "measured",
+        "env",
+        "ddp",
+        "data",
+        "precision",
+        "batch",
+    ]
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d["ddp"].update(bucket_size=5), r"ddp: unknown key 'bucket_size'"),
+        (lambda d: d.pop("measured"), r"missing required key 'measured'"),
+        (lambda d: d.update(extra=1), r"unknown key 'extra'"),
+        (
+            lambda d: d["env"].update(NCCL_BUFFSIZE=4194304),
+            r"env must map variable names to strings",
+        ),
+        (lambda d: d["batch"].update(micro_batch=48), r"must equal batch.global_batch"),
+        (lambda d: d["ddp"]["comm_hook"].update(name="zip"), r"comm_hook.name must be one of"),
+        (lambda d: d.update(precision="fp8"), r"precision must be one of"),
+        (lambda d: d.update(version=99), r"version 99 is not supported"),
+    ],
+)
+def test_profile_loader_rejects_what_is_wrong_naming_file_and_key(tmp_path, edit, message):
+    data = make_profile().to_mapping()
+    edit(data)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=message) as e:
+        Profile.load(path)
+    assert str(path) in str(e.value)
+
+
+def test_save_is_atomic_and_leaves_no_temporary_files(tmp_path):
+    make_profile().save(tmp_path / "p.yaml")
+    assert [f.name for f in tmp_path.iterdir()] == ["p.yaml"]
