@@ -7,6 +7,7 @@ key, missing key or wrong type is reported the same way: the file, the key, and 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -57,3 +58,28 @@ def check_keys(
 def dump(data: Mapping[str, Any]) -> str:
     """YAML text in the key order given, block style, for files people read."""
     return yaml.safe_dump(dict(data), sort_keys=False, default_flow_style=False, width=100)
+
+
+def builtin_names(package: str) -> list[str]:
+    """Names of the YAML files a built-in package (``autotune.studies``...) ships."""
+    return sorted(p.stem for p in Path(str(resources.files(package))).glob("*.yaml"))
+
+
+def find_builtin(package: str, name_or_path: str, *, flag: str, kind: str) -> Path:
+    """A built-in YAML file by name, or any YAML file by path; errors name ``flag``."""
+    names = ", ".join(builtin_names(package))
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or "/" in name_or_path:
+        if not p.is_file():
+            raise ConfigError(
+                f"{flag}: no such file {name_or_path}; give a YAML file or a built-in "
+                f"{kind}: {names}"
+            )
+        return p
+    builtin = Path(str(resources.files(package))) / f"{name_or_path}.yaml"
+    if not builtin.is_file():
+        raise ConfigError(
+            f"{flag}: unknown {kind} {name_or_path!r}; choose one of {names} or give a path "
+            f"to a YAML file"
+        )
+    return builtin

@@ -250,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("autotune: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `autotune spaces | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except AutotuneError as e:
         print(f"autotune: {e}", file=sys.stderr)
         return 1

@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +47,7 @@ __all__ = [
 ]
 
 _DIST_KEYS = ("type", "low", "high", "step", "log", "choices")
+BUILTIN_PACKAGE = "autotune.search_spaces"
 #: Points per continuous dimension when the grid sampler needs a finite grid.
 GRID_POINTS = 5
 
@@ -394,27 +394,9 @@ def _suggest(trial: optuna.trial.BaseTrial, name: str, dist: BaseDistribution) -
     return trial.suggest_float(name, dist.low, dist.high, step=dist.step, log=dist.log)
 
 
-def _builtin_dir() -> Path:
-    return Path(str(resources.files("autotune.search_spaces")))
-
-
 def available_spaces() -> list[str]:
-    return sorted(p.stem for p in _builtin_dir().glob("*.yaml"))
+    return _yaml.builtin_names(BUILTIN_PACKAGE)
 
 
 def _find(name_or_path: str) -> Path:
-    p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") or "/" in name_or_path:
-        if not p.is_file():
-            raise ConfigError(
-                f"--space: no such file {name_or_path}; give a YAML file or one "
-                f"of the built-in spaces: {', '.join(available_spaces())}"
-            )
-        return p
-    builtin = _builtin_dir() / f"{name_or_path}.yaml"
-    if not builtin.is_file():
-        raise ConfigError(
-            f"--space: unknown search space {name_or_path!r}; choose one of "
-            f"{', '.join(available_spaces())} or give a path to a YAML file"
-        )
-    return builtin
+    return _yaml.find_builtin(BUILTIN_PACKAGE, name_or_path, flag="--space", kind="search space")

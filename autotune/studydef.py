@@ -7,7 +7,6 @@ A definition is a YAML file in ``studies/`` (picked by name: ``--study default``
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from autotune.errors import ConfigError
 
 __all__ = ["SAMPLERS", "StudyDefinition", "available_studies"]
 
+BUILTIN_PACKAGE = "autotune.studies"
 SAMPLERS = ("tpe", "gp", "random", "cmaes", "grid")
 BACKENDS = ("auto", "gloo", "nccl")
 OBJECTIVES = ("throughput",)
@@ -145,27 +145,11 @@ class StudyDefinition:
         return d
 
 
-def _builtin_dir() -> Path:
-    return Path(str(resources.files("autotune.studies")))
-
-
 def available_studies() -> list[str]:
-    return sorted(p.stem for p in _builtin_dir().glob("*.yaml"))
+    return _yaml.builtin_names(BUILTIN_PACKAGE)
 
 
 def _find(name_or_path: str) -> Path:
-    p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") or "/" in name_or_path:
-        if not p.is_file():
-            raise ConfigError(
-                f"--study: no such file {name_or_path}; give a YAML file or one "
-                f"of the built-in studies: {', '.join(available_studies())}"
-            )
-        return p
-    builtin = _builtin_dir() / f"{name_or_path}.yaml"
-    if not builtin.is_file():
-        raise ConfigError(
-            f"--study: unknown study definition {name_or_path!r}; choose one of "
-            f"{', '.join(available_studies())} or give a path to a YAML file"
-        )
-    return builtin
+    return _yaml.find_builtin(
+        BUILTIN_PACKAGE, name_or_path, flag="--study", kind="study definition"
+    )

@@ -24,11 +24,12 @@ BUDGET_S = 45
 STUDY = "quick-mlp-gloo-2r"
 
 
-def autotune(env, *args, timeout=600):
+def autotune(env, *args, cwd=None, rc=0, timeout=600):
+    """Run the real `autotune` command and check its exit code."""
     p = subprocess.run(
-        autotune_cmd(*args), env=env, capture_output=True, text=True, timeout=timeout
+        autotune_cmd(*args), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
     )
-    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.returncode == rc, p.stdout + p.stderr
     return p
 
 
@@ -172,26 +173,9 @@ def test_running_again_resumes_without_a_second_baseline(finished_run):
 
 
 def test_resuming_with_a_different_workload_is_refused(finished_run):
-    p = subprocess.run(
-        autotune_cmd(
-            "run",
-            "--study",
-            "quick",
-            "--budget",
-            "10s",
-            "--study-name",
-            STUDY,
-            "--trainer-option",
-            "width=128",
-            "--address",
-            finished_run["address"],
-        ),
-        env=finished_run["env"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert p.returncode == 2
+    p = autotune(finished_run["env"], "run", "--study", "quick", "--budget", "10s",
+                 "--study-name", STUDY, "--trainer-option", "width=128",
+                 "--address", finished_run["address"], rc=2)  # fmt: skip
     assert "choose another --study-name" in p.stderr and "measured workload" in p.stderr
 
 
@@ -203,51 +187,26 @@ def ray_processes() -> int:
 TESTS_DIR = Path(__file__).resolve().parent.parent
 
 
+def local_study(run_env, name):
+    url = f"sqlite:///{Path(run_env['AUTOTUNE_HOME']) / 'autotune.db'}"
+    return optuna.load_study(study_name=name, storage=url)
+
+
 def test_local_ray_runs_a_users_own_trainer_module_and_leaves_nothing_running(run_env):
     before = ray_processes()
-    p = subprocess.run(
-        autotune_cmd(
-            "run", "--study", "quick", "--budget", "10s", "--trainer", "autotune_test_trainers:tiny"
-        ),
-        env=run_env,
-        cwd=TESTS_DIR,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert p.returncode == 0, p.stdout + p.stderr
-    url = f"sqlite:///{Path(run_env['AUTOTUNE_HOME']) / 'autotune.db'}"
-    study = optuna.load_study(study_name="quick-autotune_test_trainers.tiny-gloo-2r", storage=url)
+    autotune(run_env, "run", "--study", "quick", "--budget", "10s",
+             "--trainer", "autotune_test_trainers:tiny", cwd=TESTS_DIR)  # fmt: skip
+    study = local_study(run_env, "quick-autotune_test_trainers.tiny-gloo-2r")
     assert study.trials[0].state == TrialState.COMPLETE
     assert study.trials[0].user_attrs["config"]["global_batch"] == 32
     assert ray_processes() == before  # the local instance it started is gone
 
 
 def test_a_baseline_that_fails_stops_the_run_with_the_reason(run_env):
-    p = subprocess.run(
-        autotune_cmd(
-            "run",
-            "--study",
-            "quick",
-            "--budget",
-            "60s",
-            "--trainer",
-            "autotune_test_trainers:raising",
-        ),
-        env=run_env,
-        cwd=TESTS_DIR,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert p.returncode == 1
-    assert (
-        "baseline trial (PyTorch defaults) failed: crash: rank 1: RuntimeError: boom on "
-        "purpose in rank 1" in p.stderr
-    )
-    url = f"sqlite:///{Path(run_env['AUTOTUNE_HOME']) / 'autotune.db'}"
-    trials = optuna.load_study(
-        study_name="quick-autotune_test_trainers.raising-gloo-2r", storage=url
-    ).trials
+    p = autotune(run_env, "run", "--study", "quick", "--budget", "60s",
+                 "--trainer", "autotune_test_trainers:raising", cwd=TESTS_DIR, rc=1)  # fmt: skip
+    assert ("baseline trial (PyTorch defaults) failed: crash: rank 1: RuntimeError: boom on "
+            "purpose in rank 1") in p.stderr  # fmt: skip
+    trials = local_study(run_env, "quick-autotune_test_trainers.raising-gloo-2r").trials
     assert len(trials) == 1 and trials[0].state == TrialState.FAIL
     assert trials[0].user_attrs["reason"] == "crash"
