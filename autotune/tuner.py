@@ -332,6 +332,11 @@ class _Loop:
                 seed=self.d.seed or 0,
                 timeout_s=self.trial_timeout(),
             )
+        except KeyboardInterrupt:
+            # Optuna records the trial FAIL and re-raises; the runner has killed its ranks.
+            trial.set_user_attr("reason", "interrupted")
+            trial.set_user_attr("reason_detail", "Ctrl-C during the trial")
+            raise
         except TrialFailed as e:
             trial.set_user_attr("reason", e.reason)
             trial.set_user_attr("reason_detail", e.detail)
