@@ -210,3 +210,30 @@ def test_a_baseline_that_fails_stops_the_run_with_the_reason(run_env):
     trials = local_study(run_env, "quick-autotune_test_trainers.raising-gloo-2r").trials
     assert len(trials) == 1 and trials[0].state == TrialState.FAIL
     assert trials[0].user_attrs["reason"] == "crash"
+
+
+def test_ctrl_c_records_the_running_trial_exports_and_exits_130(ray_address, run_env):
+    import signal
+
+    p = subprocess.Popen(
+        autotune_cmd("run", "--study", "quick", "--budget", "5m", "--address", ray_address),
+        env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    try:
+        for line in p.stdout:
+            if "baseline" in line and "samples/s" in line:
+                break
+        time.sleep(1.5)  # the next trial is starting its ranks
+        p.send_signal(signal.SIGINT)
+        out = p.communicate(timeout=120)[0]
+    finally:
+        p.kill()
+    assert p.returncode == 130, out
+    home = Path(run_env["AUTOTUNE_HOME"])
+    trials = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{home / 'autotune.db'}").trials
+    assert trials[0].state == TrialState.COMPLETE
+    assert trials[-1].state == TrialState.FAIL
+    assert trials[-1].user_attrs["reason"] == "interrupted"
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    assert Profile.load(home / "profiles" / f"{STUDY}.yaml").study["baseline_trial"] == 0
