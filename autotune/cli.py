@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from autotune.durations import parse_duration
+from autotune.durations import parse_duration, parse_size_mb
 from autotune.errors import AutotuneError, BaselineFailed, ConfigError
 
 EXIT_USAGE = 2
@@ -87,6 +87,10 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         help="where to write the profile YAML (default: RUN_DIR/profiles/STUDY_NAME.yaml)",
     )
+    r.add_argument(
+        "--max-memory",
+        help="peak host memory per rank, e.g. 4GiB; a trial over it fails with reason oom",
+    )
     r.add_argument("--quiet", action="store_true", help="print only the summary")
 
     e = sub.add_parser("export", help="write the best profile of an existing study")
@@ -130,6 +134,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         backend=args.backend,
         sampler=args.sampler,
         seed=args.seed,
+        max_memory_mb=None if args.max_memory is None else parse_size_mb(args.max_memory),
         trial_timeout_s=(
             None
             if args.trial_timeout is None

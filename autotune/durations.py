@@ -1,4 +1,4 @@
-"""Budgets and timeouts written the way people say them: ``90s``, ``10m``, ``2h``, ``1h30m``."""
+"""Budgets, timeouts and sizes written the way people say them: ``90s``, ``1h30m``, ``4GiB``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 from autotune.errors import ConfigError
 
-__all__ = ["format_duration", "parse_duration"]
+__all__ = ["format_duration", "parse_duration", "parse_size_mb"]
 
 _UNIT_SECONDS = {"h": 3600, "m": 60, "s": 1}
 _PART = re.compile(r"(\d+(?:\.\d+)?)([hms])")
@@ -59,3 +59,33 @@ def format_duration(seconds: float) -> str:
     m, s = divmod(rest, 60)
     out = (f"{h}h" if h else "") + (f"{m}m" if m else "") + (f"{s}s" if s else "")
     return out or "0s"
+
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)")
+_SIZE_EXP = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+
+
+def parse_size_mb(text: str | int | float, *, what: str = "--max-memory") -> float:
+    """MiB in ``text``: ``4GiB``, ``4G``, ``512MB``, ``512M``, or a bare number of MiB.
+
+    Decimal (GB) and binary (GiB) units are read as written.
+    """
+    if isinstance(text, bool):
+        raise ConfigError(f"{what}: expected a size like 4GiB or 512MB, got {text!r}")
+    if isinstance(text, (int, float)):
+        mb = float(text)
+    else:
+        m = _SIZE.fullmatch(str(text).strip().lower())
+        if not m:
+            raise ConfigError(
+                f"{what}: cannot read {text!r} as a size; write it like 4GiB or 512MB"
+            )
+        number, prefix, suffix = float(m.group(1)), m.group(2), m.group(3)
+        if not prefix:
+            mb = number if not suffix else number / 2**20  # bare number: MiB; "b": bytes
+        else:
+            base = 1024 if suffix.startswith("i") or suffix == "" else 1000
+            mb = number * base ** _SIZE_EXP[prefix] / 2**20
+    if not mb > 0:
+        raise ConfigError(f"{what}: a size must be positive, got {text!r}")
+    return mb

@@ -227,7 +227,7 @@ def _failure(rank: int, err: BaseException) -> TrialFailed:
     if isinstance(cause, NonFiniteLoss):
         return TrialFailed("nan", f"rank {rank}: {cause}")
     text = f"{type(cause).__name__}: {_first_line(str(cause))}"
-    if isinstance(cause, MemoryError) or "out of memory" in text.lower():
+    if isinstance(cause, MemoryError) or "OutOfMemoryError" in text or "out of memory" in text:
         return TrialFailed("oom", f"rank {rank}: {text}")
     return TrialFailed("crash", f"rank {rank}: {text}")
 
@@ -298,6 +298,7 @@ class TrialRunner:
         measure: MeasureSettings,
         seed: int,
         timeout_s: float,
+        max_memory_mb: float | None = None,
     ) -> TrialResult:
         """Run one trial; raises TrialFailed with the reason when it produces no result."""
         import ray
@@ -338,6 +339,7 @@ class TrialRunner:
                         measure=measure,
                         seed=seed,
                         timeout_s=timeout_s,
+                        max_memory_mb=max_memory_mb,
                     )
                 ): i
                 for i in range(self.world_size)

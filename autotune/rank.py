@@ -30,6 +30,15 @@ class NonFiniteLoss(RuntimeError):
     """The loss became NaN or infinite during the trial."""
 
 
+class MemoryLimitExceeded(MemoryError):
+    """The rank's peak resident memory went over ``--max-memory``."""
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, in MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 @dataclass(frozen=True, kw_only=True)
 class RankSpec:
     """Everything one rank needs to run its part of a trial."""
@@ -46,6 +55,8 @@ class RankSpec:
     measure: MeasureSettings
     seed: int = 0
     timeout_s: float = 300.0
+    max_memory_mb: float | None = None
+    """Host memory limit per rank (peak RSS); over it the trial fails with ``oom``."""
 
 
 def _autocast_dtype(precision: str) -> Any:
@@ -153,10 +164,20 @@ def run_rank(spec: RankSpec) -> dict[str, Any]:
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
+            if spec.max_memory_mb is not None and peak_rss_mb() > spec.max_memory_mb:
+                raise MemoryLimitExceeded(
+                    f"peak host memory {peak_rss_mb():.0f} MiB is over --max-memory "
+                    f"{spec.max_memory_mb:.0f} MiB"
+                )
             return total
 
+        last = torch.zeros(())
         for _ in range(spec.measure.warmup_steps):
-            step()
+            last = step()
+        if not math.isfinite(float(last)):  # before spending the window on it
+            raise NonFiniteLoss(
+                f"loss is {float(last)} after {spec.measure.warmup_steps} warm-up steps"
+            )
         # Calibrate: how many steps fill the window? All ranks must run the same count.
         sync()
         t = time.perf_counter()
@@ -182,10 +203,7 @@ def run_rank(spec: RankSpec) -> dict[str, Any]:
         loss = float(torch.stack(losses).mean())
         if not math.isfinite(loss):
             raise NonFiniteLoss(f"loss is {loss} after {steps} measured steps")
-        if cuda:
-            peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
-        else:
-            peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        peak_mb = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else peak_rss_mb()
         logged = ddp._get_ddp_logging_data()
         applied = {  # read back from the live objects, not from the spec
             "bucket_cap_mb": ddp.bucket_bytes_cap / 2**20,

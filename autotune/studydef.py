@@ -12,7 +12,7 @@ from typing import Any
 
 from autotune import _yaml
 from autotune.config import MeasureSettings
-from autotune.durations import parse_duration
+from autotune.durations import parse_duration, parse_size_mb
 from autotune.errors import ConfigError
 
 __all__ = ["SAMPLERS", "StudyDefinition", "available_studies"]
@@ -34,6 +34,7 @@ _KEYS = (
     "seed",
     "trial_timeout",
     "measure",
+    "max_memory",
 )
 _MEASURE_KEYS = ("warmup_steps", "window_s", "min_steps", "max_steps")
 
@@ -68,6 +69,8 @@ class StudyDefinition:
     """Seconds before a trial is killed; None: derived from the baseline."""
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     """Warm-up and timed-window settings."""
+    max_memory_mb: float | None = None
+    """Peak host memory per rank; a trial over it fails with ``oom``."""
 
     @classmethod
     def load(cls, name_or_path: str) -> StudyDefinition:
@@ -103,6 +106,11 @@ class StudyDefinition:
                 else parse_duration(data["trial_timeout"], what=f"{where}: trial_timeout")
             ),
             measure=MeasureSettings(**measure),
+            max_memory_mb=(
+                None
+                if data.get("max_memory") is None
+                else parse_size_mb(data["max_memory"], what=f"{where}: max_memory")
+            ),
         )
         d.check(where)
         return d

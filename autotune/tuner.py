@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import statistics
 import time
 import warnings
@@ -35,11 +36,12 @@ from autotune.errors import BaselineFailed, ConfigError, TrialFailed
 from autotune.knobs import Target
 from autotune.launcher import TrialRunner, connect
 from autotune.profile import Profile
+from autotune.samplers import make_sampler
 from autotune.space import ResolvedSpace, SearchSpace
 from autotune.studydef import StudyDefinition
 from autotune.workload import load_workload
 
-__all__ = ["RunRequest", "RunSummary", "export_profile", "make_sampler", "run"]
+__all__ = ["RunRequest", "RunSummary", "export_profile", "run"]
 
 #: Timeout of the baseline trial when none is set (later trials derive theirs from it).
 BASELINE_TIMEOUT_S = 300.0
@@ -48,6 +50,10 @@ TIMEOUT_FLOOR_S = 30.0
 TIMEOUT_FACTOR = 4.0
 #: Study user attribute holding autotune's own record of the study.
 ATTR = "autotune"
+#: Which driver runs a trial (user attribute ``driver``): lets a resumed run on the same host
+#: close at once the trials of a driver that died (``kill -9``), without waiting for
+#: Optuna's heartbeat grace period.
+DRIVER = f"{socket.gethostname()}:{os.getpid()}"
 
 
 @dataclass(kw_only=True)
@@ -72,27 +78,6 @@ class RunSummary:
     best: float | None = None
     dropped: list[str] = field(default_factory=list)
     interrupted: bool = False
-
-
-def make_sampler(name: str, seed: int | None, space: ResolvedSpace) -> optuna.samplers.BaseSampler:
-    """Optuna's own samplers; TPE is multivariate and groups conditional dimensions."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        if name == "tpe":
-            return optuna.samplers.TPESampler(
-                seed=seed, multivariate=True, group=True, n_startup_trials=8
-            )
-        if name == "gp":
-            return optuna.samplers.GPSampler(seed=seed, n_startup_trials=8)
-        if name == "random":
-            return optuna.samplers.RandomSampler(seed=seed)
-        if name == "cmaes":
-            return optuna.samplers.CmaEsSampler(
-                seed=seed, n_startup_trials=8, warn_independent_sampling=False
-            )
-        if name == "grid":
-            return optuna.samplers.GridSampler(space.grid(), seed=seed)
-    raise ConfigError(f"--sampler: unknown sampler {name!r}")
 
 
 def _print(console: Any, text: str) -> None:
@@ -190,7 +175,7 @@ def _open_study(
 ) -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = storage_mod.open_storage(url)
-    sampler = make_sampler(d.sampler, d.seed, space)
+    sampler = make_sampler(d.sampler, d.seed, space.grid() if d.sampler == "grid" else None)
     workload = {
         "trainer": d.trainer,
         "options": dict(d.trainer_options),
@@ -241,12 +226,51 @@ def _open_study(
         _print(console, "Left out on this backend/device (no trial is spent on a no-op):")
         for item in space.dropped:
             _print(console, f"  - {item}")
+    closed = _close_abandoned_trials(study)
+    if closed:
+        _print(
+            console,
+            f"Closed {len(closed)} trial(s) left RUNNING by a driver that died: "
+            f"{', '.join(map(str, closed))} (FAIL, reason interrupted)",
+        )
     if _baseline_value(study) is None and not any(
         t.state == TrialState.WAITING and t.user_attrs.get("baseline")
         for t in study.get_trials(deepcopy=False)
     ):
         study.enqueue_trial(space.baseline_params(), user_attrs={"baseline": True})
     return study
+
+
+def _driver_alive(driver: str) -> bool | None:
+    """Whether the autotune driver ``host:pid`` still runs; None when it ran on another host."""
+    host, _, pid = driver.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return None
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"autotune" in f.read()
+    except OSError:
+        return False
+
+
+def _close_abandoned_trials(study: optuna.Study) -> list[int]:
+    """FAIL (reason ``interrupted``) the RUNNING trials whose driver died on this host.
+
+    Trials of drivers on other hosts are left to Optuna's heartbeat, which fails them once
+    they have been silent for the grace period.
+    """
+    closed = []
+    storage = study._storage
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        driver = t.user_attrs.get("driver", "")
+        if _driver_alive(driver) is False:
+            storage.set_trial_user_attr(t._trial_id, "reason", "interrupted")
+            storage.set_trial_user_attr(
+                t._trial_id, "reason_detail", f"its driver ({driver}) stopped during the trial"
+            )
+            storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            closed.append(t.number)
+    return closed
 
 
 def _baseline_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
@@ -314,6 +338,7 @@ class _Loop:
 
     def objective(self, trial: optuna.Trial) -> float:
         t0 = time.monotonic()
+        trial.set_user_attr("driver", DRIVER)
         values = self.space.suggest(trial)
         config = TrialConfig.from_values(values, self.space.target)
         trial.set_user_attr("config", config.to_dict())
@@ -331,6 +356,7 @@ class _Loop:
                 measure=self.d.measure,
                 seed=self.d.seed or 0,
                 timeout_s=self.trial_timeout(),
+                max_memory_mb=self.d.max_memory_mb,
             )
         except KeyboardInterrupt:
             # Optuna records the trial FAIL and re-raises; the runner has killed its ranks.

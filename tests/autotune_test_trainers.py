@@ -4,6 +4,7 @@ which find this directory through PYTHONPATH)."""
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 from autotune.trainers import mlp
@@ -27,6 +28,148 @@ def raising(**options) -> Workload:
         ):
             raise RuntimeError("boom on purpose in rank 1")
         return build()
+
+    wl.model = model
+    return wl
+
+
+class _RecordPids(torch.utils.data.Dataset):
+    """Wraps a dataset; every process that loads a sample (DataLoader workers) leaves its pid."""
+
+    def __init__(self, inner, pid_dir: str) -> None:
+        self.inner, self.pid_dir = inner, pid_dir
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        _leave_pid(self.pid_dir)
+        return self.inner[i]
+
+
+def _leave_pid(pid_dir: str | None) -> None:
+    if pid_dir:
+        open(os.path.join(pid_dir, str(os.getpid())), "w").close()
+
+
+def _rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def hanging(*, pid_dir: str | None = None, **options) -> Workload:
+    """Rank 1 sleeps in its first forward pass; rank 0 then waits in the gradient all-reduce."""
+    wl = tiny(**options)
+    build = wl.model
+    if pid_dir:
+        wl.dataset = _RecordPids(wl.dataset, pid_dir)
+
+    class Sleepy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = build()
+
+        def forward(self, x):
+            if _rank() == 1:
+                time.sleep(3600)
+            return self.inner(x)
+
+    def model():
+        _leave_pid(pid_dir)
+        return Sleepy()
+
+    wl.model = model
+    return wl
+
+
+def nan_loss(**options) -> Workload:
+    """A loss that is NaN from the first step."""
+    wl = tiny(**options)
+    wl.loss = lambda out, y: torch.nn.functional.mse_loss(out, y) * float("nan")
+    return wl
+
+
+_HOARD: list = []
+
+
+def memory_hog(*, mib: int = 1536, **options) -> Workload:
+    """Each rank touches ``mib`` MiB of host memory while building its model."""
+    wl = tiny(**options)
+    build = wl.model
+
+    def model():
+        _HOARD.append(torch.ones(mib * 2**18))  # float32: 4 bytes each
+        return build()
+
+    wl.model = model
+    return wl
+
+
+def cuda_oom(**options) -> Workload:
+    """Rank 0 raises the error torch raises when a GPU runs out of memory."""
+    wl = tiny(**options)
+    build = wl.model
+
+    def model():
+        if _rank() == 0:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return build()
+
+    wl.model = model
+    return wl
+
+
+def no_bf16(**options) -> Workload:
+    """Crashes whenever the trial runs under bf16 autocast: a configuration that fails."""
+    wl = tiny(**options)
+    build = wl.model
+
+    class Picky(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = build()
+
+        def forward(self, x):
+            if torch.is_autocast_enabled("cpu"):
+                raise RuntimeError("this model refuses bf16 autocast")
+            return self.inner(x)
+
+    wl.model = Picky
+    return wl
+
+
+def tiny_pids(*, pid_dir: str | None = None, **options) -> Workload:
+    """The tiny MLP, leaving each rank's pid in ``pid_dir``."""
+    wl = tiny(**options)
+    build = wl.model
+
+    def model():
+        _leave_pid(pid_dir)
+        return build()
+
+    wl.model = model
+    return wl
+
+
+def raising_with_pids(*, pid_dir: str | None = None, **options) -> Workload:
+    """Rank 1 raises after its first step; rank 0 is left waiting in a collective."""
+    wl = tiny(**options)
+    build = wl.model
+    calls = {"n": 0}
+
+    class Fragile(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = build()
+
+        def forward(self, x):
+            calls["n"] += 1
+            if _rank() == 1 and calls["n"] > 1:
+                raise RuntimeError("rank 1 gives up after one step")
+            return self.inner(x)
+
+    def model():
+        _leave_pid(pid_dir)
+        return Fragile()
 
     wl.model = model
     return wl

@@ -10,14 +10,21 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+TESTS = REPO / "tests"
+#: PYTHONPATH as the session found it; `autotune` subprocesses get this one, so a test trainer
+#: is importable in the driver only when the test runs it from tests/ (cwd), as a user would.
+ORIGINAL_PYTHONPATH = os.environ.get("PYTHONPATH")
 
 
 @pytest.fixture(scope="session")
 def ray_address():
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
-        # Rank processes import the test trainers from tests/.
+        # Rank processes import the test trainers from tests/: those of this process's jobs
+        # through the runtime env, those of `autotune --address` drivers through the raylet's
+        # environment, which every worker inherits.
         pythonpath = os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
+        os.environ["PYTHONPATH"] = pythonpath
         ray.init(
             num_cpus=2,
             include_dashboard=False,
@@ -33,6 +40,9 @@ def ray_address():
 def run_env(tmp_path):
     """Environment for `autotune` subprocesses: run outputs in a fresh temporary directory."""
     env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    if ORIGINAL_PYTHONPATH is not None:
+        env["PYTHONPATH"] = ORIGINAL_PYTHONPATH
     env["AUTOTUNE_HOME"] = str(tmp_path / "home")
     env["PYTHONUNBUFFERED"] = "1"
     return env

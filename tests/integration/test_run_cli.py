@@ -237,3 +237,98 @@ def test_ctrl_c_records_the_running_trial_exports_and_exits_130(ray_address, run
     assert trials[-1].user_attrs["reason"] == "interrupted"
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     assert Profile.load(home / "profiles" / f"{STUDY}.yaml").study["baseline_trial"] == 0
+
+
+def test_a_failing_configuration_is_recorded_and_the_study_goes_on(ray_address, run_env, tmp_path):
+    space = tmp_path / "precision.yaml"
+    space.write_text(
+        "ddp:\n  bucket_cap_mb: {type: float, low: 1, high: 100, log: true}\n"
+        "precision:\n  precision: {type: categorical, choices: [fp32, bf16]}\n"
+    )
+    p = autotune(run_env, "run", "--study", "quick", "--budget", "40s", "--seed", "1",
+                 "--space", str(space), "--trainer", "autotune_test_trainers:no_bf16",
+                 "--address", ray_address, cwd=TESTS_DIR)  # fmt: skip
+    trials = local_study(run_env, "quick-autotune_test_trainers.no_bf16-gloo-2r").trials
+    failed = [t for t in trials if t.state == TrialState.FAIL]
+    assert failed, "bf16 is one of two precisions: random start-up trials propose it"
+    for t in failed:
+        assert t.params["precision"] == "bf16"
+        assert t.user_attrs["reason"] == "crash"
+        assert "this model refuses bf16 autocast" in t.user_attrs["reason_detail"]
+        assert "Traceback" not in t.user_attrs["reason_detail"]
+    later = [t for t in trials if t.number > failed[0].number and t.state == TrialState.COMPLETE]
+    assert later  # the study went on after the failure
+    assert "FAIL crash: rank" in p.stdout
+
+
+def test_kill_9_then_the_same_command_resumes_the_study(ray_address, run_env, tmp_path):
+    import signal
+
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    args = ("run", "--study", "quick", "--trainer", "autotune_test_trainers:tiny_pids",
+            "--trainer-option", f"pid_dir={pid_dir}", "--address", ray_address)  # fmt: skip
+    p = subprocess.Popen(autotune_cmd(*args, "--budget", "5m"), env=run_env, cwd=TESTS_DIR,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        seen = 0
+        for line in p.stdout:
+            seen += "samples/s" in line
+            if seen == 2:  # the baseline and one more trial are COMPLETE
+                break
+        time.sleep(1.0)  # the next trial is running
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+    finally:
+        p.kill()
+    name = "quick-autotune_test_trainers.tiny_pids-gloo-2r"
+    before = local_study(run_env, name).trials
+    assert before[-1].state == TrialState.RUNNING  # what kill -9 leaves behind
+    complete = {t.number: t.value for t in before if t.state == TrialState.COMPLETE}
+    assert len(complete) >= 2
+    # Ray kills the actors of a dead driver: no rank process of the killed run is left.
+    deadline = time.monotonic() + 60
+    pids = [int(f.name) for f in pid_dir.iterdir()]
+    while time.monotonic() < deadline and any(Path(f"/proc/{q}").exists() for q in pids):
+        time.sleep(0.5)
+    assert not [q for q in pids if Path(f"/proc/{q}").exists()]
+
+    out = autotune(run_env, *args, "--budget", "8s", cwd=TESTS_DIR).stdout
+    assert f"Closed 1 trial(s) left RUNNING by a driver that died: {before[-1].number}" in out
+    after = local_study(run_env, name).trials
+    killed = after[before[-1].number]
+    assert killed.state == TrialState.FAIL and killed.user_attrs["reason"] == "interrupted"
+    assert {t.number: t.value for t in after if t.number in complete} == complete
+    assert [t.number for t in after if t.user_attrs.get("baseline")] == [0]
+    assert not [t for t in after if t.state == TrialState.RUNNING]
+    assert len(after) > len(before)
+
+
+def test_a_second_ctrl_c_exits_at_once_and_a_resume_finds_the_study_consistent(
+    ray_address, run_env
+):
+    import signal
+
+    args = ("run", "--study", "quick", "--address", ray_address)
+    p = subprocess.Popen(
+        autotune_cmd(*args, "--budget", "5m"), env=run_env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    try:
+        for line in p.stdout:
+            if "baseline" in line and "samples/s" in line:
+                break
+        time.sleep(1.0)
+        p.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+        p.send_signal(signal.SIGINT)
+        p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 130
+    autotune(run_env, *args, "--budget", "5s")
+    home = Path(run_env["AUTOTUNE_HOME"])
+    trials = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{home / 'autotune.db'}").trials
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    assert [t.number for t in trials if t.user_attrs.get("baseline")] == [0]

@@ -7,8 +7,8 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 
 from autotune.errors import ConfigError
 from autotune.knobs import KNOBS, Target
+from autotune.samplers import make_sampler
 from autotune.space import SearchSpace, distribution_from_yaml, distribution_to_yaml
-from autotune.tuner import make_sampler
 
 CPU = Target(
     backend="gloo",
@@ -206,7 +206,7 @@ def test_grid_is_finite_contains_the_defaults_and_drives_optunas_grid_sampler():
     assert 25.0 in grid["bucket_cap_mb"] and len(grid["bucket_cap_mb"]) <= 6
     assert min(grid["bucket_cap_mb"]) == 1.0 and max(grid["bucket_cap_mb"]) == 400.0
     assert grid["powersgd_rank"] == list(range(1, 9))
-    sampler = make_sampler("grid", 0, r)
+    sampler = make_sampler("grid", 0, r.grid())
     study = optuna.create_study(sampler=sampler)
     t = study.ask()
     values = r.suggest(t)
@@ -216,7 +216,7 @@ def test_grid_is_finite_contains_the_defaults_and_drives_optunas_grid_sampler():
 @pytest.mark.parametrize("name", ["tpe", "gp", "random", "cmaes", "grid"])
 def test_every_sampler_runs_the_resolved_default_space(name):
     r = SearchSpace.load("default").resolve(CPU)
-    study = optuna.create_study(direction="maximize", sampler=make_sampler(name, 0, r))
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(name, 0, r.grid()))
     study.enqueue_trial(r.baseline_params())
     for i in range(10):
         t = study.ask()
