@@ -173,6 +173,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     if summary.interrupted:
         return EXIT_INTERRUPTED
+    if summary.stopped:
+        print(f"autotune: stopped early: {summary.stopped}", file=sys.stderr)
+        return 1
     return 0
 
 

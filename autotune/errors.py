@@ -3,12 +3,13 @@
 ``ConfigError`` is everything a user can fix by changing an argument or a file: the CLI prints
 its one-line message and exits with code 2, before anything is written. ``TrialFailed`` is a
 trial that ended without a measurement; the study records it as FAIL with its reason and goes
-on. ``BaselineFailed`` stops a run: without the defaults measured there is nothing to compare.
+on. ``BaselineFailed`` stops a run: without the defaults measured there is nothing to compare;
+``ClusterLost`` stops it when the cluster cannot hold a trial's ranks any more.
 """
 
 from __future__ import annotations
 
-__all__ = ["AutotuneError", "BaselineFailed", "ConfigError", "TrialFailed"]
+__all__ = ["AutotuneError", "BaselineFailed", "ClusterLost", "ConfigError", "TrialFailed"]
 
 
 class AutotuneError(Exception):
@@ -34,3 +35,7 @@ class TrialFailed(AutotuneError):
 
 class BaselineFailed(AutotuneError):
     """The baseline trial (PyTorch defaults) failed: the workload itself does not run."""
+
+
+class ClusterLost(AutotuneError):
+    """The Ray cluster no longer has room for one trial's ranks (a node was lost)."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.config import MeasureSettings, TrialConfig
-from autotune.errors import ConfigError, TrialFailed
+from autotune.errors import ClusterLost, ConfigError, TrialFailed
 from autotune.rank import NonFiniteLoss, RankSpec, run_rank
 
 __all__ = ["RayConnection", "TrialResult", "TrialRunner", "connect"]
@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 
 #: How long a placement group may take to be placed before the run gives up.
 PLACEMENT_TIMEOUT_S = 60.0
+#: After a rank fails, how long to wait for the others to say whether their node died.
+ROOT_CAUSE_WAIT_S = 3.0
+#: How long a trial waits for the placement group to be placed again after a node was lost.
+REPLACEMENT_TIMEOUT_S = 30.0
 
 
 #: Seconds to wait for a TCP answer from a given cluster address before giving up.
@@ -112,8 +116,9 @@ def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayC
     except (ConnectionError, RuntimeError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(
-            f"--address {address}: cannot reach a Ray cluster ({first}); start one with "
-            f"`ray start --head` or leave --address out to start a local instance"
+            f"--address {address}: Ray would not connect ({first}); if the cluster uses token "
+            f"authentication, set RAY_AUTH_MODE=token and make its token available, else "
+            f"start one with `ray start --head` or leave --address out"
         ) from None
     return RayConnection(address=address, started_here=address is None)
 
@@ -218,12 +223,25 @@ def _first_line(text: str) -> str:
     return str(text).strip()[:300]
 
 
+def _death_line(text: str) -> str:
+    """Why Ray says an actor died: the line after its generic first line and tab-indented
+    details (``The actor is dead because its worker process has died...``)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    for line in lines[1:]:
+        if not line.startswith("\t"):
+            return line.strip()[:300]
+    return _first_line(text)
+
+
 def _failure(rank: int, err: BaseException) -> TrialFailed:
     import ray.exceptions as rex
 
     cause = getattr(err, "cause", None) or err
     if isinstance(err, rex.RayActorError) and not isinstance(err, rex.RayTaskError):
-        return TrialFailed("crash", f"rank {rank}: its process died ({_first_line(str(err))})")
+        why = _death_line(str(err))
+        if "node" in why.lower() and ("died" in why or "dead" in why):
+            return TrialFailed("node_lost", f"rank {rank}: its node was lost ({why})")
+        return TrialFailed("crash", f"rank {rank}: its process died ({why})")
     if isinstance(cause, NonFiniteLoss):
         return TrialFailed("nan", f"rank {rank}: {cause}")
     text = f"{type(cause).__name__}: {_first_line(str(cause))}"
@@ -304,6 +322,7 @@ class TrialRunner:
         import ray
         import ray.exceptions as rex
 
+        self.ensure_placed()
         started = time.monotonic()
         deadline = started + timeout_s
         actors = [
@@ -357,7 +376,7 @@ class TrialRunner:
                 try:
                     results.append(ray.get(done[0]))
                 except rex.RayError as e:
-                    raise _failure(refs[done[0]], e) from None
+                    raise self._root_cause(_failure(refs[done[0]], e), pending, refs) from None
         finally:
             for a in actors:
                 ray.kill(a, no_restart=True)
@@ -369,6 +388,42 @@ class TrialRunner:
         return TrialResult(
             throughput=samples / window, step_time_s=window / steps, ranks=results, wall_s=wall
         )
+
+    @staticmethod
+    def _root_cause(first: TrialFailed, pending: list[Any], refs: dict[Any, int]) -> TrialFailed:
+        """When a node dies, the rank on the surviving node often fails first (its peer's
+        connection closed); wait briefly for the others and prefer ``node_lost``."""
+        import ray
+        import ray.exceptions as rex
+
+        if first.reason == "node_lost" or not pending:
+            return first
+        done, _ = ray.wait(pending, num_returns=len(pending), timeout=ROOT_CAUSE_WAIT_S)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except rex.RayError as e:
+                other = _failure(refs[ref], e)
+                if other.reason == "node_lost":
+                    return other
+        return first
+
+    def ensure_placed(self) -> None:
+        """After a node loss Ray re-places the group's bundles; wait for that, or stop."""
+        import ray
+        from ray.util import placement_group_table
+
+        if placement_group_table(self.pg).get("state") == "CREATED":
+            return
+        try:
+            ray.get(self.pg.ready(), timeout=REPLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            have = ray.available_resources()
+            raise ClusterLost(
+                f"the Ray cluster lost capacity and cannot place {self.world_size} ranks again "
+                f"(free now: CPU={have.get('CPU', 0):g}, GPU={have.get('GPU', 0):g}); add nodes "
+                f"or lower --world-size, then run the same command to resume"
+            ) from None
 
     def close(self) -> None:
         import ray

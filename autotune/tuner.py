@@ -32,7 +32,7 @@ from optuna.trial import TrialState
 from autotune import storage as storage_mod
 from autotune.config import TrialConfig
 from autotune.durations import format_duration
-from autotune.errors import BaselineFailed, ConfigError, TrialFailed
+from autotune.errors import BaselineFailed, ClusterLost, ConfigError, TrialFailed
 from autotune.knobs import Target
 from autotune.launcher import TrialRunner, connect
 from autotune.profile import Profile
@@ -78,6 +78,8 @@ class RunSummary:
     best: float | None = None
     dropped: list[str] = field(default_factory=list)
     interrupted: bool = False
+    stopped: str | None = None
+    """Why the run stopped before its budget (the cluster lost the room for a trial)."""
 
 
 def _print(console: Any, text: str) -> None:
@@ -150,6 +152,8 @@ def run(req: RunRequest, console: Any = None) -> RunSummary:
             loop.optimize()
         except KeyboardInterrupt:
             summary.interrupted = True
+        except ClusterLost as e:
+            summary.stopped = str(e)
         # 6. The profile.
         summary.trials = _counts(study)
         summary.baseline = _baseline_value(study)
@@ -319,7 +323,7 @@ class _Loop:
             self.objective,
             timeout=self.d.budget_s,
             catch=(TrialFailed,),
-            callbacks=[self.budget_guard],
+            callbacks=[self.between_trials],
         )
 
     def trial_timeout(self) -> float:
@@ -330,11 +334,14 @@ class _Loop:
             return BASELINE_TIMEOUT_S
         return max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * base.user_attrs["wall_s"])
 
-    def budget_guard(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        """Stop before a trial that the budget left cannot hold."""
+    def between_trials(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        """Stop before a trial that the budget left cannot hold; raise ClusterLost before one
+        the cluster has no room for (so no trial is asked for in vain)."""
         left = self.d.budget_s - (time.monotonic() - self.started)
         if self.walls and left < statistics.median(self.walls):
             study.stop()
+            return
+        self.runner.ensure_placed()
 
     def objective(self, trial: optuna.Trial) -> float:
         t0 = time.monotonic()
@@ -362,6 +369,10 @@ class _Loop:
             # Optuna records the trial FAIL and re-raises; the runner has killed its ranks.
             trial.set_user_attr("reason", "interrupted")
             trial.set_user_attr("reason_detail", "Ctrl-C during the trial")
+            raise
+        except ClusterLost as e:
+            trial.set_user_attr("reason", "cluster_lost")
+            trial.set_user_attr("reason_detail", str(e))
             raise
         except TrialFailed as e:
             trial.set_user_attr("reason", e.reason)
