@@ -152,6 +152,11 @@ def run(req: RunRequest, console: Any = None) -> RunSummary:
             loop.optimize()
         except KeyboardInterrupt:
             summary.interrupted = True
+            _print(
+                console,
+                "Interrupted: the running trial is recorded; exporting the best "
+                "profile so far (Ctrl-C again to exit at once)",
+            )
         except ClusterLost as e:
             summary.stopped = str(e)
         # 6. The profile.

@@ -12,9 +12,21 @@ from autotune.trainers import mlp
 from autotune.workload import Workload
 
 
-def tiny(**options) -> Workload:
-    """The built-in MLP at a size whose trials take a second or two."""
-    return mlp.workload(**{"width": 64, "layers": 2, "global_batch": 32, **options})
+def tiny(*, pid_dir: str | None = None, **options) -> Workload:
+    """The built-in MLP at a size whose trials take a second or two. With ``pid_dir``, every
+    rank leaves its pid there when it builds the model, and so does every process that loads
+    a sample (DataLoader workers)."""
+    wl = mlp.workload(**{"width": 64, "layers": 2, "global_batch": 32, **options})
+    if pid_dir:
+        build = wl.model
+
+        def model():
+            _leave_pid(pid_dir)
+            return build()
+
+        wl.model = model
+        wl.dataset = _RecordPids(wl.dataset, pid_dir)
+    return wl
 
 
 def raising(**options) -> Workload:
@@ -56,12 +68,10 @@ def _rank() -> int:
     return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
 
 
-def hanging(*, pid_dir: str | None = None, **options) -> Workload:
+def hanging(**options) -> Workload:
     """Rank 1 sleeps in its first forward pass; rank 0 then waits in the gradient all-reduce."""
     wl = tiny(**options)
     build = wl.model
-    if pid_dir:
-        wl.dataset = _RecordPids(wl.dataset, pid_dir)
 
     class Sleepy(torch.nn.Module):
         def __init__(self) -> None:
@@ -73,11 +83,7 @@ def hanging(*, pid_dir: str | None = None, **options) -> Workload:
                 time.sleep(3600)
             return self.inner(x)
 
-    def model():
-        _leave_pid(pid_dir)
-        return Sleepy()
-
-    wl.model = model
+    wl.model = Sleepy
     return wl
 
 
@@ -104,12 +110,13 @@ def memory_hog(*, mib: int = 1536, **options) -> Workload:
     return wl
 
 
-def cuda_oom(**options) -> Workload:
+def cuda_oom(*, pid_dir: str | None = None, **options) -> Workload:
     """Rank 0 raises the error torch raises when a GPU runs out of memory."""
-    wl = tiny(**options)
+    wl = tiny(pid_dir=pid_dir, **options)
     build = wl.model
 
     def model():
+        _leave_pid(pid_dir)
         if _rank() == 0:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
         return build()
@@ -137,20 +144,7 @@ def no_bf16(**options) -> Workload:
     return wl
 
 
-def tiny_pids(*, pid_dir: str | None = None, **options) -> Workload:
-    """The tiny MLP, leaving each rank's pid in ``pid_dir``."""
-    wl = tiny(**options)
-    build = wl.model
-
-    def model():
-        _leave_pid(pid_dir)
-        return build()
-
-    wl.model = model
-    return wl
-
-
-def raising_with_pids(*, pid_dir: str | None = None, **options) -> Workload:
+def raising_with_pids(**options) -> Workload:
     """Rank 1 raises after its first step; rank 0 is left waiting in a collective."""
     wl = tiny(**options)
     build = wl.model
@@ -167,9 +161,5 @@ def raising_with_pids(*, pid_dir: str | None = None, **options) -> Workload:
                 raise RuntimeError("rank 1 gives up after one step")
             return self.inner(x)
 
-    def model():
-        _leave_pid(pid_dir)
-        return Fragile()
-
-    wl.model = model
+    wl.model = Fragile
     return wl

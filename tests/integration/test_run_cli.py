@@ -266,7 +266,7 @@ def test_kill_9_then_the_same_command_resumes_the_study(ray_address, run_env, tm
 
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    args = ("run", "--study", "quick", "--trainer", "autotune_test_trainers:tiny_pids",
+    args = ("run", "--study", "quick", "--trainer", "autotune_test_trainers:tiny",
             "--trainer-option", f"pid_dir={pid_dir}", "--address", ray_address)  # fmt: skip
     p = subprocess.Popen(autotune_cmd(*args, "--budget", "5m"), env=run_env, cwd=TESTS_DIR,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
@@ -281,7 +281,7 @@ def test_kill_9_then_the_same_command_resumes_the_study(ray_address, run_env, tm
         p.wait(timeout=30)
     finally:
         p.kill()
-    name = "quick-autotune_test_trainers.tiny_pids-gloo-2r"
+    name = "quick-autotune_test_trainers.tiny-gloo-2r"
     before = local_study(run_env, name).trials
     assert before[-1].state == TrialState.RUNNING  # what kill -9 leaves behind
     complete = {t.number: t.value for t in before if t.state == TrialState.COMPLETE}
