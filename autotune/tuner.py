@@ -76,7 +76,6 @@ class RunSummary:
     trials: dict[str, int] = field(default_factory=dict)
     baseline: float | None = None
     best: float | None = None
-    dropped: list[str] = field(default_factory=list)
     interrupted: bool = False
     stopped: str | None = None
     """Why the run stopped before its budget (the cluster lost the room for a trial)."""
@@ -103,16 +102,13 @@ def run(req: RunRequest, console: Any = None) -> RunSummary:
     conn = connect(req.address, extra_pythonpath=os.getcwd())
     runner = None
     try:
-        backend = d.backend
-        if backend == "auto":
-            import ray
+        import ray
 
-            backend = "nccl" if ray.cluster_resources().get("GPU", 0) >= 1 else "gloo"
-        world = d.world_size
-        if world is None:
-            import ray
-
-            world = int(ray.cluster_resources().get("GPU", 0)) if backend == "nccl" else 2
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        backend = d.backend if d.backend != "auto" else ("nccl" if gpus else "gloo")
+        if backend == "nccl" and not gpus:
+            raise ConfigError("--backend nccl: the Ray cluster has no GPU; use --backend gloo")
+        world = d.world_size or (gpus if backend == "nccl" else 2)
         if workload.global_batch % world:
             raise ConfigError(
                 f"--world-size {world}: the workload's global batch {workload.global_batch} "
@@ -141,12 +137,7 @@ def run(req: RunRequest, console: Any = None) -> RunSummary:
         study = _open_study(name, storage_url, d, resolved, workload.global_batch, hw, console)
         profile_path = req.profile_path or req.run_dir / "profiles" / f"{name}.yaml"
         loop = _Loop(study=study, runner=runner, space=resolved, definition=d, console=console)
-        summary = RunSummary(
-            study_name=name,
-            storage_url=storage_url,
-            profile_path=None,
-            dropped=[str(x) for x in resolved.dropped],
-        )
+        summary = RunSummary(study_name=name, storage_url=storage_url, profile_path=None)
         # 5. Trials until the budget is spent.
         try:
             loop.optimize()
@@ -162,7 +153,7 @@ def run(req: RunRequest, console: Any = None) -> RunSummary:
         # 6. The profile.
         summary.trials = _counts(study)
         summary.baseline = _baseline_value(study)
-        if any(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False)):
+        if summary.trials["complete"]:
             summary.best = study.best_value
             export_profile(study, profile_path, budget_s=d.budget_s)
             summary.profile_path = profile_path

@@ -50,3 +50,22 @@ def run_env(tmp_path):
 
 def autotune_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "autotune.cli", *args]
+
+
+def started_run(env, *args: str, cwd=None, after_trials: int = 1):
+    """Start ``autotune run ...`` with Ctrl-C deliverable (a background shell would ignore
+    it) and return once ``after_trials`` trials have printed their result."""
+    import signal
+    import subprocess
+
+    p = subprocess.Popen(
+        autotune_cmd("run", *args), env=env, cwd=cwd, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    seen = 0
+    for line in p.stdout:
+        seen += "samples/s" in line
+        if seen >= after_trials:
+            break
+    return p

@@ -8,29 +8,10 @@ import time
 
 import pytest
 
-from autotune.config import MeasureSettings, TrialConfig
 from autotune.errors import TrialFailed
-from autotune.knobs import Target
-from autotune.launcher import TrialRunner
-from autotune.space import SearchSpace
+from tests.integration.conftest import QUICK, config
 
 pytestmark = pytest.mark.integration
-
-TARGET = Target(backend="gloo", device="cpu", world_size=2, global_batch=32, cpus_per_rank=1,
-                bf16=True)  # fmt: skip
-QUICK = MeasureSettings(warmup_steps=2, window_s=0.3)
-
-
-@pytest.fixture(scope="module")
-def runner(ray_address):
-    r = TrialRunner(world_size=2, backend="gloo")
-    yield r
-    r.close()
-
-
-def config(**changes) -> TrialConfig:
-    r = SearchSpace.load("default").resolve(TARGET)
-    return TrialConfig.from_values({**r.defaults(), **changes}, TARGET)
 
 
 def run(runner, trainer, *, cfg=None, options=None, timeout_s=120.0, **kwargs):

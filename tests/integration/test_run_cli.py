@@ -16,7 +16,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.profile import Profile
-from tests.conftest import autotune_cmd
+from tests.conftest import autotune_cmd, started_run
 
 pytestmark = pytest.mark.integration
 
@@ -215,15 +215,8 @@ def test_a_baseline_that_fails_stops_the_run_with_the_reason(run_env):
 def test_ctrl_c_records_the_running_trial_exports_and_exits_130(ray_address, run_env):
     import signal
 
-    p = subprocess.Popen(
-        autotune_cmd("run", "--study", "quick", "--budget", "5m", "--address", ray_address),
-        env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    p = started_run(run_env, "--study", "quick", "--budget", "5m", "--address", ray_address)
     try:
-        for line in p.stdout:
-            if "baseline" in line and "samples/s" in line:
-                break
         time.sleep(1.5)  # the next trial is starting its ranks
         p.send_signal(signal.SIGINT)
         out = p.communicate(timeout=120)[0]
@@ -266,16 +259,10 @@ def test_kill_9_then_the_same_command_resumes_the_study(ray_address, run_env, tm
 
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    args = ("run", "--study", "quick", "--trainer", "autotune_test_trainers:tiny",
+    args = ("--study", "quick", "--trainer", "autotune_test_trainers:tiny",
             "--trainer-option", f"pid_dir={pid_dir}", "--address", ray_address)  # fmt: skip
-    p = subprocess.Popen(autotune_cmd(*args, "--budget", "5m"), env=run_env, cwd=TESTS_DIR,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    p = started_run(run_env, *args, "--budget", "5m", cwd=TESTS_DIR, after_trials=2)
     try:
-        seen = 0
-        for line in p.stdout:
-            seen += "samples/s" in line
-            if seen == 2:  # the baseline and one more trial are COMPLETE
-                break
         time.sleep(1.0)  # the next trial is running
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=30)
@@ -293,7 +280,7 @@ def test_kill_9_then_the_same_command_resumes_the_study(ray_address, run_env, tm
         time.sleep(0.5)
     assert not [q for q in pids if Path(f"/proc/{q}").exists()]
 
-    out = autotune(run_env, *args, "--budget", "8s", cwd=TESTS_DIR).stdout
+    out = autotune(run_env, "run", *args, "--budget", "8s", cwd=TESTS_DIR).stdout
     assert f"Closed 1 trial(s) left RUNNING by a driver that died: {before[-1].number}" in out
     after = local_study(run_env, name).trials
     killed = after[before[-1].number]
@@ -309,16 +296,9 @@ def test_a_second_ctrl_c_exits_at_once_and_a_resume_finds_the_study_consistent(
 ):
     import signal
 
-    args = ("run", "--study", "quick", "--address", ray_address)
-    p = subprocess.Popen(
-        autotune_cmd(*args, "--budget", "5m"), env=run_env, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    args = ("--study", "quick", "--address", ray_address)
+    p = started_run(run_env, *args, "--budget", "5m")
     try:
-        for line in p.stdout:
-            if "baseline" in line and "samples/s" in line:
-                break
         time.sleep(1.0)
         p.send_signal(signal.SIGINT)
         time.sleep(0.2)
@@ -327,8 +307,15 @@ def test_a_second_ctrl_c_exits_at_once_and_a_resume_finds_the_study_consistent(
     finally:
         p.kill()
     assert p.returncode == 130
-    autotune(run_env, *args, "--budget", "5s")
+    autotune(run_env, "run", *args, "--budget", "5s")
     home = Path(run_env["AUTOTUNE_HOME"])
     trials = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{home / 'autotune.db'}").trials
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     assert [t.number for t in trials if t.user_attrs.get("baseline")] == [0]
+
+
+def test_nccl_on_a_cluster_without_gpus_is_refused_before_anything_is_written(ray_address, run_env):
+    p = autotune(run_env, "run", "--study", "quick", "--backend", "nccl", "--budget", "10s",
+                 "--address", ray_address, rc=2)  # fmt: skip
+    assert "autotune: error: --backend nccl: the Ray cluster has no GPU" in p.stderr
+    assert not Path(run_env["AUTOTUNE_HOME"]).exists()
