@@ -99,6 +99,23 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--run-dir", type=Path)
     e.add_argument("-o", "--output", type=Path, help="profile path (default: stdout)")
 
+    v = sub.add_parser("env", help="print a profile's environment as shell export lines")
+    v.add_argument("profile", type=Path)
+
+    la = sub.add_parser(
+        "launch",
+        help="run a command with a profile's environment applied",
+        usage="autotune launch PROFILE -- COMMAND [ARGS...]",
+    )
+    la.add_argument("profile", type=Path)
+    la.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+
+    db = sub.add_parser("dashboard", help="open the study storage in optuna-dashboard")
+    db.add_argument("--storage", help="Optuna RDB URL (default: sqlite in the run directory)")
+    db.add_argument("--run-dir", type=Path)
+    db.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    db.add_argument("--port", type=int, default=8080)
+
     sub.add_parser("spaces", help="list the built-in search spaces and the knobs they may use")
     sub.add_parser("trainers", help="list the built-in trainers")
     sub.add_parser("studies", help="list the built-in study definitions")
@@ -182,15 +199,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     import optuna
 
-    from autotune import storage as storage_mod
     from autotune.tuner import export_profile
 
-    url = args.storage or storage_mod.default_url(
-        (args.run_dir or default_run_dir()).expanduser().absolute()
-    )
-    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
-        raise ConfigError(f"--storage {url}: no such database; give the one `autotune run` used")
-    storage_mod.check_url(url)
+    url = _storage_url(args)
     try:
         study = optuna.load_study(study_name=args.study_name, storage=url)
     except KeyError:
@@ -206,6 +217,60 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
         with tempfile.TemporaryDirectory() as tmp:
             sys.stdout.write(export_profile(study, Path(tmp) / "p.yaml").read_text())
+    return 0
+
+
+def _cmd_env(args: argparse.Namespace) -> int:
+    import shlex
+
+    from autotune.profile import Profile
+
+    profile = Profile.load(args.profile)
+    for key, value in profile.env.items():
+        print(f"export {key}={shlex.quote(value)}")
+    return 0
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from autotune.profile import Profile
+
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        raise ConfigError("autotune launch: no command; write autotune launch PROFILE -- CMD ...")
+    profile = Profile.load(args.profile)
+    for diff in profile.hardware_differences():
+        print(f"autotune: warning: measured on other hardware: {diff}", file=sys.stderr)
+    try:
+        return subprocess.call(cmd, env={**os.environ, **profile.env})
+    except FileNotFoundError:
+        raise ConfigError(f"autotune launch: no such command {cmd[0]!r}") from None
+
+
+def _storage_url(args: argparse.Namespace) -> str:
+    """The storage a command reads: --storage, else the run directory's SQLite file, which
+    must exist (nothing is created by a command that only reads)."""
+    from autotune import storage as storage_mod
+
+    url = args.storage or storage_mod.default_url(
+        (args.run_dir or default_run_dir()).expanduser().absolute()
+    )
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
+        raise ConfigError(f"--storage {url}: no such database; give the one `autotune run` used")
+    storage_mod.check_url(url)
+    return url
+
+
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    from optuna_dashboard import run_server
+
+    url = _storage_url(args)
+    print(
+        f"optuna-dashboard for {url} at http://{args.host}:{args.port}/ (Ctrl-C stops it)",
+        flush=True,
+    )
+    run_server(url, host=args.host, port=args.port)
     return 0
 
 
@@ -243,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     command = {
         "run": _cmd_run,
         "export": _cmd_export,
+        "env": _cmd_env,
+        "launch": _cmd_launch,
+        "dashboard": _cmd_dashboard,
         "spaces": _cmd_spaces,
         "trainers": _cmd_trainers,
         "studies": _cmd_studies,

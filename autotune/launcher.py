@@ -25,6 +25,7 @@ from typing import Any
 
 from autotune.config import MeasureSettings, TrialConfig
 from autotune.errors import ClusterLost, ConfigError, TrialFailed
+from autotune.hardware import describe
 from autotune.rank import NonFiniteLoss, RankSpec, run_rank
 
 __all__ = ["RayConnection", "TrialResult", "TrialRunner", "connect"]
@@ -130,48 +131,6 @@ def _free_port() -> tuple[str, int]:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((ip, 0))
         return ip, s.getsockname()[1]
-
-
-def _probe(backend: str) -> dict[str, Any]:
-    """What the ranks will run on, seen from inside a rank's bundle."""
-    import platform
-
-    import torch
-
-    info: dict[str, Any] = {
-        "host": socket.gethostname(),
-        "cpus": os.cpu_count() or 1,
-        "torch": torch.__version__,
-        "nccl": None,
-    }
-    if backend == "nccl":
-        if not torch.cuda.is_available():
-            return {**info, "error": "no CUDA device is visible to the rank"}
-        props = torch.cuda.get_device_properties(0)
-        info.update(
-            device="cuda",
-            device_name=props.name,
-            device_count=torch.cuda.device_count(),
-            capability=f"{props.major}.{props.minor}",
-            bf16=bool(torch.cuda.is_bf16_supported()),
-            tf32=props.major >= 8,
-            nccl=".".join(map(str, torch.cuda.nccl.version())),
-        )
-    else:
-        name = platform.processor() or platform.machine()
-        try:
-            with open("/proc/cpuinfo") as f:
-                for line in f:
-                    if line.startswith("model name"):
-                        name = line.split(":", 1)[1].strip()
-                        break
-        except OSError:
-            pass
-        # For a CPU the count is its cores: what the ranks of one node share.
-        info.update(
-            device="cpu", device_name=name, device_count=info["cpus"], bf16=True, tf32=False
-        )
-    return info
 
 
 class RankActor:
@@ -281,7 +240,7 @@ class TrialRunner:
                 f"lower --world-size or add nodes"
             ) from None
         self._actor_cls = ray.remote(max_restarts=0, max_task_retries=0)(RankActor)
-        self._probe_fn = ray.remote(_probe)
+        self._probe_fn = ray.remote(describe)
 
     def _strategy(self, index: int) -> Any:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy

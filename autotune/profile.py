@@ -17,8 +17,11 @@ same strict loader (``Profile.load``) that the user's training script uses::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+import warnings
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ from typing import Any
 from autotune import _yaml
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
+from autotune.hardware import differences
 from autotune.knobs import COMM_HOOKS, PRECISIONS
 
 __all__ = ["PROFILE_VERSION", "Profile"]
@@ -172,8 +176,86 @@ class Profile:
 
     @property
     def dataloader_kwargs(self) -> dict[str, Any]:
-        """``DataLoader`` kwargs; add ``batch_size=profile.batch['micro_batch']``."""
-        return dict(self.data)
+        """``DataLoader`` kwargs, ``batch_size`` (the tuned micro-batch) included."""
+        return {"batch_size": self.batch["micro_batch"], **self.data}
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-steps per optimizer step; run ``no_sync()`` on all but the last."""
+        return int(self.batch["accumulation_steps"])
+
+    def hardware_differences(self) -> list[str]:
+        """How this process's hardware differs from where the profile was measured."""
+        from autotune.hardware import describe
+
+        return differences(self.hardware, describe(self.workload.get("backend", "gloo")))
+
+    def warn_if_hardware_differs(self) -> list[str]:
+        diffs = self.hardware_differences()
+        if diffs:
+            warnings.warn(
+                f"profile {self.study.get('name')!r} was measured on other hardware ("
+                + "; ".join(diffs)
+                + "); its speedup may not hold here",
+                stacklevel=3,
+            )
+        return diffs
+
+    def apply_env(self, environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+        """Put the profile's environment into ``environ`` (default ``os.environ``).
+
+        Call it before ``init_process_group``: NCCL reads its variables once per process.
+        Returns the variables set.
+        """
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            warnings.warn(
+                "apply_env() after init_process_group: NCCL has already read its variables; "
+                "call it first (or run the script under `autotune launch`)",
+                stacklevel=2,
+            )
+        target = os.environ if environ is None else environ
+        target.update(self.env)
+        if environ is None and "OMP_NUM_THREADS" in self.env:
+            import torch
+
+            torch.set_num_threads(int(self.env["OMP_NUM_THREADS"]))
+        return dict(self.env)
+
+    def wrap(self, model: Any, **ddp_kwargs: Any) -> Any:
+        """``DistributedDataParallel(model)`` with the tuned kwargs and comm hook.
+
+        Extra keyword arguments (``device_ids=[local_rank]``) go to DDP as well. Warns when the
+        hardware differs from where the profile was measured.
+        """
+        from torch.nn.parallel import DistributedDataParallel
+
+        from autotune.rank import register_comm_hook
+
+        self.warn_if_hardware_differs()
+        ddp = DistributedDataParallel(model, **{**self.ddp_kwargs, **ddp_kwargs})
+        register_comm_hook(ddp, self.comm_hook)
+        return ddp
+
+    def autocast(self, device_type: str = "cuda") -> Any:
+        """The tuned precision as a context for the forward pass and loss (TF32 is switched
+        on globally instead, for ``tf32``)."""
+        import torch
+
+        if self.precision == "tf32":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type, dtype=dtype)
+
+    def grad_scaler(self, device_type: str = "cuda") -> Any:
+        """A ``GradScaler``, enabled only for fp16."""
+        import torch
+
+        return torch.amp.GradScaler(device_type, enabled=self.precision == "fp16")
 
     def trial_config(self) -> TrialConfig:
         """The configuration as a trial runs it."""
