@@ -155,7 +155,7 @@ def run(req: RunRequest, console: Any = None) -> RunSummary:
         summary.baseline = _baseline_value(study)
         if summary.trials["complete"]:
             summary.best = study.best_value
-            export_profile(study, profile_path, budget_s=d.budget_s)
+            export_profile(study, profile_path, budget_s=d.budget_s, note=True)
             summary.profile_path = profile_path
         return summary
     finally:
@@ -433,8 +433,11 @@ def _short(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
-def export_profile(study: optuna.Study, path: Path, *, budget_s: float | None = None) -> Path:
-    """Write the profile of ``study``'s best COMPLETE trial to ``path``."""
+def export_profile(
+    study: optuna.Study, path: Path, *, budget_s: float | None = None, note: bool = False
+) -> Path:
+    """Write the profile of ``study``'s best COMPLETE trial to ``path``; with ``note``, also
+    put it in the study's optuna-dashboard note."""
     record = study.user_attrs.get(ATTR)
     if not record:
         raise ConfigError(f"--study-name {study.study_name}: not an autotune study")
@@ -468,4 +471,9 @@ def export_profile(study: optuna.Study, path: Path, *, budget_s: float | None = 
         hardware=record["hardware"],
         measured=measured,
     )
-    return profile.save(path)
+    saved = profile.save(path)
+    if note:
+        from optuna_dashboard import save_note
+
+        save_note(study, f"## Exported profile\n\n`{saved}`\n\n```yaml\n{saved.read_text()}```\n")
+    return saved

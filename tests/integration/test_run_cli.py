@@ -149,6 +149,10 @@ def test_the_real_optuna_dashboard_reads_the_study(finished_run):
         assert len(detail["trials"]) == len(load(finished_run).trials)
         attrs = {a["key"] for a in detail["trials"][0]["user_attrs"]}
         assert {"throughput", "speedup", "step_time_s", "peak_memory_mb"} <= attrs
+        # the study's note carries the exported profile
+        best = load(finished_run).best_trial.number
+        assert "## Exported profile" in detail["note"]["body"]
+        assert f"best_trial: {best}" in detail["note"]["body"]
     finally:
         server.terminate()
         server.wait(timeout=30)
