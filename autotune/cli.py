@@ -256,9 +256,7 @@ def _storage_url(args: argparse.Namespace) -> str:
     url = args.storage or storage_mod.default_url(
         (args.run_dir or default_run_dir()).expanduser().absolute()
     )
-    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
-        raise ConfigError(f"--storage {url}: no such database; give the one `autotune run` used")
-    storage_mod.check_url(url)
+    storage_mod.check_url(url, must_exist=True)
     return url
 
 

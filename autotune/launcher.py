@@ -157,16 +157,24 @@ class RankActor:
 class TrialResult:
     """One trial's measurement, put together from its ranks."""
 
-    throughput: float
-    """Samples/s over all ranks: total samples / the slowest rank's window."""
-    step_time_s: float
     ranks: list[dict[str, Any]]
+    """Each rank's result, in rank order."""
     wall_s: float
     """Seconds from launching the ranks to having every result."""
 
     @property
     def window_s(self) -> float:
+        """The slowest rank's timed window."""
         return max(r["window_s"] for r in self.ranks)
+
+    @property
+    def throughput(self) -> float:
+        """Samples/s over all ranks: total samples / the slowest rank's window."""
+        return sum(r["samples"] for r in self.ranks) / self.window_s
+
+    @property
+    def step_time_s(self) -> float:
+        return self.window_s / self.ranks[0]["steps"]
 
     @property
     def overhead_s(self) -> float:
@@ -339,14 +347,8 @@ class TrialRunner:
         finally:
             for a in actors:
                 ray.kill(a, no_restart=True)
-        wall = time.monotonic() - started
         results.sort(key=lambda r: r["rank"])
-        window = max(r["window_s"] for r in results)
-        samples = sum(r["samples"] for r in results)
-        steps = results[0]["steps"]
-        return TrialResult(
-            throughput=samples / window, step_time_s=window / steps, ranks=results, wall_s=wall
-        )
+        return TrialResult(ranks=results, wall_s=time.monotonic() - started)
 
     @staticmethod
     def _root_cause(first: TrialFailed, pending: list[Any], refs: dict[Any, int]) -> TrialFailed:

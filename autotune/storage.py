@@ -25,8 +25,11 @@ def default_url(run_dir: Path) -> str:
     return f"sqlite:///{run_dir / 'autotune.db'}"
 
 
-def check_url(url: str) -> None:
-    """Raise ConfigError if ``url`` cannot be opened; never creates or changes anything."""
+def check_url(url: str, *, must_exist: bool = False) -> None:
+    """Raise ConfigError if ``url`` cannot be opened; never creates or changes anything.
+
+    ``must_exist``: a SQLite file that is not there yet is an error too (for commands that
+    only read a study an earlier run wrote)."""
     import sqlalchemy
     from sqlalchemy.engine import make_url
 
@@ -40,6 +43,10 @@ def check_url(url: str) -> None:
         if not db or db == ":memory:":
             raise ConfigError(f"--storage {url}: an in-memory database keeps nothing; {fix}")
         path = Path(db)
+        if must_exist and not path.exists():
+            raise ConfigError(
+                f"--storage {url}: no such database; give the one `autotune run` used"
+            )
         if path.exists():
             if not path.is_file():
                 raise ConfigError(f"--storage {url}: {path} is not a file; {fix}")
