@@ -1,4 +1,5 @@
-"""The ``autotune`` command: run, export, and listings of spaces, trainers and studies.
+"""The ``autotune`` command: run, export, report, dashboard, env, launch, and listings of
+spaces, trainers and studies.
 
 Bad input is one line on stderr naming the thing and the fix, exit code 2, nothing written.
 """
@@ -91,7 +92,12 @@ def _parser() -> argparse.ArgumentParser:
         "--max-memory",
         help="peak host memory per rank, e.g. 4GiB; a trial over it fails with reason oom",
     )
-    r.add_argument("--quiet", action="store_true", help="print only the summary")
+    r.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no live display: one plain line per trial, for logs (also when stdout is "
+        "not a terminal)",
+    )
 
     e = sub.add_parser("export", help="write the best profile of an existing study")
     e.add_argument("--study-name", required=True)
@@ -111,10 +117,32 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
 
     db = sub.add_parser("dashboard", help="open the study storage in optuna-dashboard")
+    db.add_argument(
+        "--study-name",
+        "--study",
+        dest="study_name",
+        help="print the address of this study's page (the server shows every study)",
+    )
     db.add_argument("--storage", help="Optuna RDB URL (default: sqlite in the run directory)")
     db.add_argument("--run-dir", type=Path)
     db.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     db.add_argument("--port", type=int, default=8080)
+
+    rp = sub.add_parser("report", help="write an HTML report and PNG figures of a study")
+    rp.add_argument(
+        "--study-name",
+        "--study",
+        dest="study_name",
+        help="the study (default: the only study in the storage)",
+    )
+    rp.add_argument("--storage", help="Optuna RDB URL (default: sqlite in the run directory)")
+    rp.add_argument("--run-dir", type=Path)
+    rp.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        help="directory for report.html and the PNGs (default: RUN_DIR/reports/STUDY_NAME)",
+    )
 
     sub.add_parser("spaces", help="list the built-in search spaces and the knobs they may use")
     sub.add_parser("trainers", help="list the built-in trainers")
@@ -135,6 +163,7 @@ def _trainer_options(items: list[str]) -> dict[str, Any]:
 def _cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from autotune.progress import RunView
     from autotune.studydef import StudyDefinition
     from autotune.tuner import RunRequest, run
 
@@ -160,7 +189,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     if args.world_size is not None and args.world_size < 1:
         raise ConfigError(f"--world-size: must be at least 1, got {args.world_size}")
-    console = Console(stderr=False)
+    # A terminal gets the live display; --quiet or a log file gets plain lines.
+    console = Console(force_terminal=False) if args.quiet else Console()
     req = RunRequest(
         definition=d,
         run_dir=(args.run_dir or default_run_dir()).expanduser().absolute(),
@@ -169,25 +199,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         address=args.address,
         profile_path=args.profile,
     )
-    summary = run(req, console=None if args.quiet else console)
-    t = summary.trials
-    console.print(
-        f"\nStudy      {summary.study_name}: {t.get('complete', 0)} complete, "
-        f"{t.get('failed', 0)} failed, {t.get('pruned', 0)} pruned",
-        highlight=False,
-    )
-    if summary.baseline and summary.best:
-        console.print(
-            f"Throughput baseline {summary.baseline:.1f} samples/s, best "
-            f"{summary.best:.1f} samples/s ({summary.best / summary.baseline:.2f}x)",
-            highlight=False,
-        )
-    console.print(f"Storage    {summary.storage_url}", highlight=False, soft_wrap=True)
-    if summary.profile_path:
-        console.print(f"Profile    {summary.profile_path}", highlight=False, soft_wrap=True)
-    console.print(
-        f"Dashboard  optuna-dashboard {summary.storage_url}", highlight=False, soft_wrap=True
-    )
+    with RunView(console, budget_s=d.budget_s) as view:
+        summary = run(req, view=view)
+    _print_summary(console, summary)
     if summary.interrupted:
         return EXIT_INTERRUPTED
     if summary.stopped:
@@ -196,20 +210,59 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_export(args: argparse.Namespace) -> int:
+def _load_study(url: str, name: str) -> Any:
     import optuna
 
-    from autotune.tuner import export_profile
-
-    url = _storage_url(args)
     try:
-        study = optuna.load_study(study_name=args.study_name, storage=url)
+        return optuna.load_study(study_name=name, storage=url)
     except KeyError:
         names = [s.study_name for s in optuna.get_all_study_summaries(url)]
         raise ConfigError(
-            f"--study-name {args.study_name}: no such study in {url}; it has "
-            f"{', '.join(names) or 'none'}"
+            f"--study-name {name}: no such study in {url}; it has {', '.join(names) or 'none'}"
         ) from None
+
+
+def _study_id(url: str, name: str) -> int:
+    """The study's id in the storage: optuna-dashboard's address of its page."""
+    import optuna
+
+    _load_study(url, name)  # the error naming the studies there
+    return optuna.storages.get_storage(url).get_study_id_from_name(name)
+
+
+def _print_summary(console: Any, summary: Any) -> None:
+    from autotune.progress import failure_line, summary_table
+
+    def say(text: str) -> None:
+        console.print(text, highlight=False, soft_wrap=True)
+
+    t = summary.trials
+    say("")
+    if summary.study is not None and t.get("complete"):
+        console.print(summary_table(summary.study))
+    say(
+        f"Study      {summary.study_name}: {t.get('complete', 0)} complete, "
+        f"{t.get('failed', 0)} failed, {t.get('pruned', 0)} pruned"
+    )
+    failed = None if summary.study is None else failure_line(summary.study)
+    if failed:
+        say(failed)
+    if summary.baseline and summary.best:
+        say(
+            f"Throughput baseline {summary.baseline:.1f} samples/s, best "
+            f"{summary.best:.1f} samples/s ({summary.best / summary.baseline:.2f}x)"
+        )
+    say(f"Storage    {summary.storage_url}")
+    if summary.profile_path:
+        say(f"Profile    {summary.profile_path}")
+    say(f"Dashboard  optuna-dashboard {summary.storage_url}")
+    say(f"Report     autotune report --study-name {summary.study_name}")
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from autotune.tuner import export_profile
+
+    study = _load_study(_storage_url(args), args.study_name)
     if args.output:
         print(export_profile(study, args.output))
     else:
@@ -264,11 +317,37 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     from optuna_dashboard import run_server
 
     url = _storage_url(args)
-    print(
-        f"optuna-dashboard for {url} at http://{args.host}:{args.port}/ (Ctrl-C stops it)",
-        flush=True,
-    )
+    page = f"http://{args.host}:{args.port}/dashboard/"
+    if args.study_name:
+        page += f"studies/{_study_id(url, args.study_name)}"
+    print(f"optuna-dashboard for {url} at {page} (Ctrl-C stops it)", flush=True)
     run_server(url, host=args.host, port=args.port)
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    import optuna
+
+    from autotune import report
+
+    url = _storage_url(args)
+    name = args.study_name
+    if name is None:
+        names = [s.study_name for s in optuna.get_all_study_summaries(url)]
+        if len(names) != 1:
+            raise ConfigError(
+                f"--study-name: {url} holds {len(names)} studies "
+                f"({', '.join(names) or 'none'}); name the one to report"
+            )
+        name = names[0]
+    study = _load_study(url, name)
+    if not study.trials:
+        raise ConfigError(f"--study-name {name}: the study has no trials yet; run it first")
+    out = args.output or (args.run_dir or default_run_dir()).expanduser() / "reports" / name
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--output {out}: exists and is not a directory")
+    for path in report.write(report.build(study), out):
+        print(path)
     return 0
 
 
@@ -309,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         "env": _cmd_env,
         "launch": _cmd_launch,
         "dashboard": _cmd_dashboard,
+        "report": _cmd_report,
         "spaces": _cmd_spaces,
         "trainers": _cmd_trainers,
         "studies": _cmd_studies,

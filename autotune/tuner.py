@@ -36,6 +36,7 @@ from autotune.errors import BaselineFailed, ClusterLost, ConfigError, TrialFaile
 from autotune.knobs import Target
 from autotune.launcher import TrialRunner, connect
 from autotune.profile import Profile
+from autotune.progress import RunView
 from autotune.samplers import make_sampler
 from autotune.space import ResolvedSpace, SearchSpace
 from autotune.studydef import StudyDefinition
@@ -79,14 +80,16 @@ class RunSummary:
     interrupted: bool = False
     stopped: str | None = None
     """Why the run stopped before its budget (the cluster lost the room for a trial)."""
+    study: optuna.Study | None = None
 
 
-def _print(console: Any, text: str) -> None:
-    if console is not None:
-        console.print(text, highlight=False, soft_wrap=True)
+def _print(view: RunView | None, text: str) -> None:
+    if view is not None:
+        view.log(text)
 
 
-def run(req: RunRequest, console: Any = None) -> RunSummary:
+def run(req: RunRequest, view: RunView | None = None) -> RunSummary:
+    """Run the study ``req`` asks for; ``view`` shows what happens (None: nothing)."""
     d = req.definition
     # 1. Everything checkable without side effects.
     space = SearchSpace.load(d.space)
@@ -134,9 +137,9 @@ def run(req: RunRequest, console: Any = None) -> RunSummary:
         if req.storage_url is None:
             req.run_dir.mkdir(parents=True, exist_ok=True)
         # 4. The study.
-        study = _open_study(name, storage_url, d, resolved, workload.global_batch, hw, console)
+        study = _open_study(name, storage_url, d, resolved, workload.global_batch, hw, view)
         profile_path = req.profile_path or req.run_dir / "profiles" / f"{name}.yaml"
-        loop = _Loop(study=study, runner=runner, space=resolved, definition=d, console=console)
+        loop = _Loop(study=study, runner=runner, space=resolved, definition=d, view=view)
         summary = RunSummary(study_name=name, storage_url=storage_url, profile_path=None)
         # 5. Trials until the budget is spent.
         try:
@@ -144,13 +147,14 @@ def run(req: RunRequest, console: Any = None) -> RunSummary:
         except KeyboardInterrupt:
             summary.interrupted = True
             _print(
-                console,
+                view,
                 "Interrupted: the running trial is recorded; exporting the best "
                 "profile so far (Ctrl-C again to exit at once)",
             )
         except ClusterLost as e:
             summary.stopped = str(e)
         # 6. The profile.
+        summary.study = study
         summary.trials = _counts(study)
         summary.baseline = _baseline_value(study)
         if summary.trials["complete"]:
@@ -171,7 +175,7 @@ def _open_study(
     space: ResolvedSpace,
     global_batch: int,
     hw: dict[str, Any],
-    console: Any,
+    view: RunView | None,
 ) -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = storage_mod.open_storage(url)
@@ -197,7 +201,7 @@ def _open_study(
                 f"--study-name {name}: that study measured workload {old}, this run asks for "
                 f"{workload}; choose another --study-name"
             )
-        _print(console, f"Resuming study [bold]{name}[/] ({len(study.trials)} trials so far)")
+        _print(view, f"Resuming study [bold]{name}[/] ({len(study.trials)} trials so far)")
     else:
         study = optuna.create_study(
             study_name=name, storage=storage, sampler=sampler, direction="maximize"
@@ -205,7 +209,7 @@ def _open_study(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(["samples_per_s"])
-        _print(console, f"New study [bold]{name}[/]")
+        _print(view, f"New study [bold]{name}[/]")
     record = dict(study.user_attrs.get(ATTR, {}))
     record.update(
         version=1,
@@ -219,17 +223,17 @@ def _open_study(
     )
     study.set_user_attr(ATTR, record)
     _print(
-        console,
+        view,
         f"Searching {len(space.distributions)} dimensions: {', '.join(space.distributions)}",
     )
     if space.dropped:
-        _print(console, "Left out on this backend/device (no trial is spent on a no-op):")
+        _print(view, "Left out on this backend/device (no trial is spent on a no-op):")
         for item in space.dropped:
-            _print(console, f"  - {item}")
+            _print(view, f"  - {item}")
     closed = _close_abandoned_trials(study)
     if closed:
         _print(
-            console,
+            view,
             f"Closed {len(closed)} trial(s) left RUNNING by a driver that died: "
             f"{', '.join(map(str, closed))} (FAIL, reason interrupted)",
         )
@@ -305,16 +309,18 @@ class _Loop:
         runner: TrialRunner,
         space: ResolvedSpace,
         definition: StudyDefinition,
-        console: Any,
+        view: RunView | None,
     ) -> None:
         self.study, self.runner, self.space, self.d = study, runner, space, definition
-        self.console = console
+        self.view = view
         self.started = time.monotonic()
         self.walls: list[float] = []
 
     def optimize(self) -> None:
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         self.started = time.monotonic()
+        if self.view is not None:
+            self.view.budget_started()
         self.study.optimize(
             self.objective,
             timeout=self.d.budget_s,
@@ -347,6 +353,8 @@ class _Loop:
         trial.set_user_attr("config", config.to_dict())
         is_baseline = bool(trial.user_attrs.get("baseline"))
         baseline = _baseline_value(self.study)
+        if self.view is not None:
+            self.view.trial_started(_tag(trial), self._changed(trial.params))
         try:
             illegal = self.space.illegal(values)
             if illegal:
@@ -410,23 +418,34 @@ class _Loop:
         params: dict[str, Any],
         failure: TrialFailed | None = None,
     ) -> None:
-        tag = "baseline" if trial.user_attrs.get("baseline") else f"trial {trial.number}"
-        defaults = self.space.defaults()
-        changed = {k: v for k, v in params.items() if v != defaults.get(k)}
-        shown = " ".join(f"{k}={_short(v)}" for k, v in changed.items()) or "defaults"
+        tag = _tag(trial)
+        shown = self._changed(params)
+        if self.view is not None:
+            state = "complete" if failure is None else "failed"
+            self.view.trial_finished(state, speedup, trial.number)
         elapsed = format_duration(time.monotonic() - self.started)
         if failure is not None:
             _print(
-                self.console,
+                self.view,
                 f"[{elapsed}] {tag:>9} [red]FAIL[/] {failure.reason}: "
                 f"{failure.detail}  [dim]{shown}[/]",
             )
         else:
             _print(
-                self.console,
+                self.view,
                 f"[{elapsed}] {tag:>9} [green]{thr:9.1f}[/] samples/s "
                 f"{speedup:5.2f}x  [dim]{shown}[/]",
             )
+
+    def _changed(self, params: dict[str, Any]) -> str:
+        """The settings of ``params`` that differ from the defaults, as ``k=v`` words."""
+        defaults = self.space.defaults()
+        changed = {k: v for k, v in params.items() if v != defaults.get(k)}
+        return " ".join(f"{k}={_short(v)}" for k, v in changed.items()) or "defaults"
+
+
+def _tag(trial: optuna.Trial) -> str:
+    return "baseline" if trial.user_attrs.get("baseline") else f"trial {trial.number}"
 
 
 def _short(v: Any) -> str:

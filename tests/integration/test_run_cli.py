@@ -16,33 +16,10 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.profile import Profile
-from tests.conftest import autotune_cmd, started_run
+from tests.conftest import started_run
+from tests.integration.conftest import BUDGET_S, STUDY, autotune
 
 pytestmark = pytest.mark.integration
-
-BUDGET_S = 45
-STUDY = "quick-mlp-gloo-2r"
-
-
-def autotune(env, *args, cwd=None, rc=0, timeout=600):
-    """Run the real `autotune` command and check its exit code."""
-    p = subprocess.run(
-        autotune_cmd(*args), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
-    assert p.returncode == rc, p.stdout + p.stderr
-    return p
-
-
-@pytest.fixture(scope="module")
-def finished_run(ray_address, tmp_path_factory):
-    """One real run, shared by the tests that read what it left."""
-    home = tmp_path_factory.mktemp("run") / "home"
-    env = {**__import__("os").environ, "AUTOTUNE_HOME": str(home), "PYTHONUNBUFFERED": "1"}
-    p = autotune(
-        env, "run", "--study", "quick", "--budget", f"{BUDGET_S}s", "--address", ray_address
-    )
-    url = f"sqlite:///{home / 'autotune.db'}"
-    return {"env": env, "home": home, "url": url, "stdout": p.stdout, "address": ray_address}
 
 
 def load(run):

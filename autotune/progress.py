@@ -1,0 +1,153 @@
+"""What ``autotune run`` shows while it runs, and the table it ends with.
+
+On a terminal: a live rich display under the log lines (the budget as a progress bar, trials
+complete / failed / pruned, the best speedup so far, the running trial's settings). With
+``--quiet``, or when the output is not a terminal (a log file, CI), the same events are plain
+lines, one per trial, no colour and no redraws. Either way the run ends with a summary table.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.progress import BarColumn, Progress, TextColumn
+from rich.table import Table
+from rich.text import Text
+
+from autotune.durations import format_duration
+
+__all__ = ["RunView", "summary_table"]
+
+
+class _Live(Progress):
+    """A progress bar for the budget with two status lines under it."""
+
+    def __init__(self, view: RunView) -> None:
+        self.view = view
+        self.task: Any = None  # rich renders once inside __init__, before the task exists
+        super().__init__(
+            TextColumn("[bold]budget"),
+            BarColumn(),
+            TextColumn("{task.fields[spent]} of {task.fields[budget]}"),
+            console=view.console,
+            refresh_per_second=2,
+            transient=True,
+        )
+        self.task = self.add_task("budget", total=view.budget_s, spent="0s", budget="")
+
+    def get_renderables(self) -> Any:
+        v = self.view
+        if self.task is None:
+            return
+        spent = 0.0 if v.started is None else min(time.monotonic() - v.started, v.budget_s)
+        self.update(
+            self.task,
+            completed=spent,
+            spent=format_duration(spent),
+            budget=format_duration(v.budget_s),
+        )
+        yield Group(self.make_tasks_table(self.tasks), *v.status_lines())
+
+
+class RunView:
+    """The run's display: ``log`` lines always, the live part only on a terminal."""
+
+    def __init__(self, console: Console, *, budget_s: float, live: bool | None = None) -> None:
+        self.console = console
+        self.budget_s = budget_s
+        self.live = console.is_terminal if live is None else live
+        self.started: float | None = None  # when the budget began (the first trial)
+        self.counts: Counter[str] = Counter()
+        self.best: tuple[float, int] | None = None  # (speedup, trial)
+        self.running: str | None = None
+        self._progress: _Live | None = None
+
+    def __enter__(self) -> RunView:
+        if self.live:
+            self._progress = _Live(self)
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def log(self, text: str) -> None:
+        """A line of the run's log (rich markup allowed; stripped off a plain console)."""
+        self.console.print(text, highlight=False, soft_wrap=True)
+
+    def budget_started(self) -> None:
+        self.started = time.monotonic()
+
+    def trial_started(self, tag: str, settings: str) -> None:
+        self.running = f"{tag}: {settings}"
+
+    def trial_finished(self, state: str, speedup: float | None, trial: int) -> None:
+        """``state`` is complete, failed or pruned."""
+        self.running = None
+        self.counts[state] += 1
+        better = self.best is None or (speedup or 0.0) > self.best[0]
+        if state == "complete" and speedup is not None and better:
+            self.best = (speedup, trial)
+
+    def status_lines(self) -> list[RenderableType]:
+        c = self.counts
+        best = "" if self.best is None else f" · best {self.best[0]:.2f}x (trial {self.best[1]})"
+        lines: list[RenderableType] = [
+            Text(
+                f"trials {c['complete']} complete · {c['failed']} failed · "
+                f"{c['pruned']} pruned{best}"
+            )
+        ]
+        if self.running:
+            lines.append(Text(f"running {self.running}", style="dim", overflow="ellipsis"))
+        return lines
+
+
+def summary_table(study: Any, *, top: int = 5) -> Table:
+    """The baseline and the best ``top`` COMPLETE trials: throughput, speedup, what changed."""
+    from optuna.trial import TrialState
+
+    from autotune.tuner import _baseline_trial
+
+    base = _baseline_trial(study)
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    ranked = sorted(complete, key=lambda t: -t.value)[:top]
+    if base is not None and base.state == TrialState.COMPLETE and base not in ranked:
+        ranked.append(base)
+    table = Table(title=f"Best of {len(complete)} complete trials", title_justify="left")
+    table.add_column("trial", justify="right")
+    table.add_column("samples/s", justify="right")
+    table.add_column("speedup", justify="right")
+    table.add_column("settings that differ from the defaults")
+    for t in ranked:
+        changed = {k: v for k, v in t.params.items() if base is None or base.params.get(k) != v}
+        is_base = base is not None and t.number == base.number
+        table.add_row(
+            f"{t.number}{' (baseline)' if is_base else ''}",
+            f"{t.value:.1f}",
+            f"{t.user_attrs.get('speedup', float('nan')):.2f}x",
+            "defaults" if not changed else " ".join(f"{k}={_short(v)}" for k, v in changed.items()),
+        )
+    return table
+
+
+def failure_line(study: Any) -> str | None:
+    """``failed: 3 timeout, 1 crash`` or None when nothing failed."""
+    from optuna.trial import TrialState
+
+    reasons = Counter(
+        t.user_attrs.get("reason", "unknown")
+        for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+    )
+    if not reasons:
+        return None
+    return "Failed     " + ", ".join(f"{n} {r}" for r, n in reasons.most_common())
+
+
+def _short(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
