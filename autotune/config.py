@@ -97,13 +97,57 @@ class TrialConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class MeasureSettings:
-    """How a trial measures throughput."""
+    """How a trial measures throughput (the rules are in ``autotune.stats``).
 
-    warmup_steps: int = 5
-    """Optimizer steps run before timing (process-group warm-up, allocator, caches)."""
-    window_s: float = 3.0
-    """Target length of the timed window, in seconds."""
-    min_steps: int = 3
-    """Fewest optimizer steps in the timed window."""
+    Warm-up runs until the slowest rank's step time settles; then timed windows of about
+    ``window_s`` each until the 95 % interval of their median is within
+    ``target_rel_half_width`` of it, or ``max_windows``. From ``prune_after`` windows on, a
+    trial whose interval lies wholly below the incumbent's is stopped (PRUNED).
+    """
+
+    min_warmup_steps: int = 2
+    """Optimizer steps always discarded before the settle rule looks."""
+    settle_window: int = 3
+    """Steps in each of the two medians the settle rule compares."""
+    settle_tol: float = 0.05
+    """Settled when the two medians differ by at most this fraction."""
+    max_warmup_steps: int = 100
+    """Warm-up ends here even if the step time never settled."""
+    window_s: float = 1.0
+    """Target length of one timed window, in seconds."""
+    min_steps: int = 2
+    """Fewest optimizer steps per window."""
     max_steps: int = 100_000
-    """Most optimizer steps in the timed window."""
+    """Most optimizer steps per window."""
+    min_windows: int = 3
+    """Fewest windows before the trial may stop (the interval needs them)."""
+    max_windows: int = 10
+    """The cap: stop here even if the interval is still wide."""
+    target_rel_half_width: float = 0.03
+    """Stop once the interval's half-width is at most this fraction of the median."""
+    prune_after: int = 2
+    """Windows measured before a trial may be pruned."""
+
+    def settle_rule(self) -> Any:
+        from autotune.stats import SettleRule
+
+        return SettleRule(
+            window=self.settle_window,
+            rel_tol=self.settle_tol,
+            min_steps=self.min_warmup_steps,
+            max_steps=self.max_warmup_steps,
+        )
+
+    def stop_rule(self) -> Any:
+        from autotune.stats import StopRule
+
+        return StopRule(
+            rel_half_width=self.target_rel_half_width,
+            min_windows=self.min_windows,
+            max_windows=self.max_windows,
+        )
+
+    def prune_rule(self) -> Any:
+        from autotune.stats import PruneRule
+
+        return PruneRule(min_windows=self.prune_after)

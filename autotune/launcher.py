@@ -27,6 +27,7 @@ from autotune.config import MeasureSettings, TrialConfig
 from autotune.errors import ClusterLost, ConfigError, TrialFailed
 from autotune.hardware import describe
 from autotune.rank import NonFiniteLoss, RankSpec, run_rank
+from autotune.stats import Interval, median_ci
 
 __all__ = ["RayConnection", "TrialResult", "TrialRunner", "connect"]
 
@@ -163,21 +164,40 @@ class TrialResult:
     """Seconds from launching the ranks to having every result."""
 
     @property
-    def window_s(self) -> float:
-        """The slowest rank's timed window."""
-        return max(r["window_s"] for r in self.ranks)
+    def windows(self) -> list[float]:
+        """Samples/s over all ranks per timed window (the slowest rank's time; every rank
+        holds the same list)."""
+        return self.ranks[0]["windows"]
+
+    @property
+    def interval(self) -> Interval:
+        """Median of the windows with its 95 % interval."""
+        return median_ci(self.windows)
 
     @property
     def throughput(self) -> float:
-        """Samples/s over all ranks: total samples / the slowest rank's window."""
-        return sum(r["samples"] for r in self.ranks) / self.window_s
+        """Samples/s over all ranks: the median window."""
+        return self.interval.median
+
+    @property
+    def pruned(self) -> bool:
+        return self.ranks[0]["stop"] == "pruned"
+
+    @property
+    def window_s(self) -> float:
+        """Seconds inside timed windows."""
+        return self.ranks[0]["window_s"]
 
     @property
     def step_time_s(self) -> float:
-        return self.window_s / self.ranks[0]["steps"]
+        """Seconds per optimizer step at the median throughput."""
+        samples_per_step = sum(r["samples"] for r in self.ranks) / self.ranks[0]["steps"]
+        return samples_per_step / self.throughput
 
     @property
     def overhead_s(self) -> float:
+        """Seconds outside timed windows: process start, imports, process group, model,
+        warm-up, and the result's way back."""
         return max(0.0, self.wall_s - self.window_s)
 
 
@@ -284,6 +304,7 @@ class TrialRunner:
         seed: int,
         timeout_s: float,
         max_memory_mb: float | None = None,
+        incumbent: Interval | None = None,
     ) -> TrialResult:
         """Run one trial; raises TrialFailed with the reason when it produces no result."""
         import ray
@@ -326,6 +347,7 @@ class TrialRunner:
                         seed=seed,
                         timeout_s=timeout_s,
                         max_memory_mb=max_memory_mb,
+                        incumbent=None if incumbent is None else incumbent.to_dict(),
                     )
                 ): i
                 for i in range(self.world_size)

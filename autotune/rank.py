@@ -2,8 +2,11 @@
 
 One function, ``run_rank``, in the order a trial lives: threads and precision flags; process
 group; workload built and wrapped in DDP with the trial's kwargs and comm hook; DataLoader with
-the trial's kwargs; warm-up (not timed); a timed window of a step count all ranks agreed on,
-the device synchronised at both edges; the result; the process group destroyed on every path.
+the trial's kwargs; warm-up until the step time settles (not timed); timed windows, the device
+synchronised at both edges of each, until the throughput interval is narrow enough, the cap,
+or the trial is clearly below the incumbent (pruned); the result; the process group destroyed
+on every path. Each decision is taken from the slowest rank's times, which one all-reduce
+gives every rank, so all ranks decide alike.
 
 Environment variables (``NCCL_*``, ``OMP_NUM_THREADS``) are not set here: Ray puts them in the
 process when it starts it, before this function and so before the process group exists.
@@ -14,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import resource
+import statistics
 import time
 from collections.abc import Iterator
 from contextlib import nullcontext
@@ -22,6 +26,7 @@ from datetime import timedelta
 from typing import Any
 
 from autotune.config import MeasureSettings, TrialConfig
+from autotune.stats import Interval
 
 __all__ = ["NonFiniteLoss", "RankSpec", "run_rank"]
 
@@ -57,6 +62,8 @@ class RankSpec:
     timeout_s: float = 300.0
     max_memory_mb: float | None = None
     """Host memory limit per rank (peak RSS); over it the trial fails with ``oom``."""
+    incumbent: dict[str, Any] | None = None
+    """The best trial's throughput interval (``Interval.to_dict``): prune below it."""
 
 
 def _autocast_dtype(precision: str) -> Any:
@@ -171,38 +178,57 @@ def run_rank(spec: RankSpec) -> dict[str, Any]:
                 )
             return total
 
+        m = spec.measure
+
+        def slowest(seconds: float) -> float:
+            """The slowest rank's time: every rank gets the same value, so every rank takes
+            the same decision from it (settled, stop, prune) without another message."""
+            t = torch.tensor([seconds], dtype=torch.float64, device=device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            return float(t.item())
+
+        # Warm-up: until the slowest rank's step time settles (autotune.stats.SettleRule).
+        settle = m.settle_rule()
+        step_times: list[float] = []
         last = torch.zeros(())
-        for _ in range(spec.measure.warmup_steps):
+        while settle.settled_at(step_times) is None:
+            sync()
+            t = time.perf_counter()
             last = step()
-        if not math.isfinite(float(last)):  # before spending the window on it
-            raise NonFiniteLoss(
-                f"loss is {float(last)} after {spec.measure.warmup_steps} warm-up steps"
-            )
-        # Calibrate: how many steps fill the window? All ranks must run the same count.
-        sync()
-        t = time.perf_counter()
-        step()
-        sync()
-        per_step = max(time.perf_counter() - t, 1e-6)
-        steps = min(
-            max(math.ceil(spec.measure.window_s / per_step), spec.measure.min_steps),
-            spec.measure.max_steps,
-        )
-        agreed = torch.tensor([steps], device=device)
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-        steps = int(agreed.item())
+            sync()
+            step_times.append(slowest(time.perf_counter() - t))
+        if not math.isfinite(float(last)):  # before spending the windows on it
+            raise NonFiniteLoss(f"loss is {float(last)} after {len(step_times)} warm-up steps")
+        per_step = statistics.median(step_times[-m.settle_window :])
+        steps = min(max(math.ceil(m.window_s / per_step), m.min_steps), m.max_steps)
         setup_s = time.perf_counter() - started
 
-        dist.barrier()
-        sync()
-        t0 = time.perf_counter()
-        losses = [step() for _ in range(steps)]
-        sync()
-        window = time.perf_counter() - t0
+        # Timed windows until the interval is narrow enough, the cap, or a clear loser.
+        stop_rule, prune_rule = m.stop_rule(), m.prune_rule()
+        incumbent = None if spec.incumbent is None else Interval.from_dict(spec.incumbent)
+        samples_per_window = steps * cfg.micro_batch * accum * spec.world_size
+        windows: list[float] = []  # samples/s over all ranks, one per window
+        window_s: list[float] = []
+        losses: list[torch.Tensor] = []
+        stop = "measuring"
+        while True:
+            dist.barrier()
+            sync()
+            t0 = time.perf_counter()
+            losses.extend(step() for _ in range(steps))
+            sync()
+            window_s.append(slowest(time.perf_counter() - t0))
+            windows.append(samples_per_window / window_s[-1])
+            if prune_rule.should_prune(windows, incumbent):
+                stop = "pruned"
+                break
+            done, stop = stop_rule.decide(windows)
+            if done:
+                break
 
         loss = float(torch.stack(losses).mean())
         if not math.isfinite(loss):
-            raise NonFiniteLoss(f"loss is {loss} after {steps} measured steps")
+            raise NonFiniteLoss(f"loss is {loss} after {len(losses)} measured steps")
         peak_mb = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else peak_rss_mb()
         logged = ddp._get_ddp_logging_data()
         applied = {  # read back from the live objects, not from the spec
@@ -221,9 +247,13 @@ def run_rank(spec: RankSpec) -> dict[str, Any]:
             "rank": spec.rank,
             "applied": applied,
             "pid": os.getpid(),
-            "steps": steps,
-            "samples": steps * cfg.micro_batch * accum,
-            "window_s": window,
+            "steps": steps * len(windows),
+            "samples": steps * len(windows) * cfg.micro_batch * accum,
+            "window_s": sum(window_s),
+            "windows": windows,
+            "steps_per_window": steps,
+            "warmup_steps": len(step_times),
+            "stop": stop,
             "setup_s": setup_s,
             "loss": loss,
             "peak_memory_mb": round(peak_mb, 1),

@@ -6,7 +6,7 @@ A definition is a YAML file in ``studies/`` (picked by name: ``--study default``
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,8 @@ _KEYS = (
     "measure",
     "max_memory",
 )
-_MEASURE_KEYS = ("warmup_steps", "window_s", "min_steps", "max_steps")
+_MEASURE_KEYS = tuple(f.name for f in fields(MeasureSettings))
+_MEASURE_FLOATS = ("settle_tol", "window_s", "target_rel_half_width")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,14 +138,27 @@ class StudyDefinition:
         ):
             raise ConfigError(f"{where}: seed must be an integer, got {self.seed!r}")
         m = self.measure
-        for key in ("warmup_steps", "min_steps", "max_steps"):
+        for key in _MEASURE_KEYS:
             v = getattr(m, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            if key in _MEASURE_FLOATS:
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+                    raise ConfigError(f"{where}: measure.{key} must be positive, got {v!r}")
+            elif isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"{where}: measure.{key} must be a whole number >= 0, got {v!r}")
-        if not isinstance(m.window_s, (int, float)) or m.window_s <= 0:
-            raise ConfigError(f"{where}: measure.window_s must be positive, got {m.window_s!r}")
         if m.min_steps < 1 or m.max_steps < m.min_steps:
             raise ConfigError(f"{where}: measure needs 1 <= min_steps <= max_steps")
+        if m.min_windows < 2 or m.max_windows < m.min_windows:
+            raise ConfigError(
+                f"{where}: measure needs 2 <= min_windows <= max_windows (an interval needs "
+                f"two windows)"
+            )
+        if m.settle_window < 1 or m.max_warmup_steps < m.min_warmup_steps:
+            raise ConfigError(
+                f"{where}: measure needs settle_window >= 1 and "
+                f"min_warmup_steps <= max_warmup_steps"
+            )
+        if m.prune_after < 2:
+            raise ConfigError(f"{where}: measure.prune_after must be at least 2 windows")
 
     def override(self, **changes: Any) -> StudyDefinition:
         """A copy with the given non-None fields replaced, checked again."""

@@ -39,6 +39,7 @@ from autotune.profile import Profile
 from autotune.progress import RunView
 from autotune.samplers import make_sampler
 from autotune.space import ResolvedSpace, SearchSpace
+from autotune.stats import Interval
 from autotune.studydef import StudyDefinition
 from autotune.workload import load_workload
 
@@ -368,6 +369,7 @@ class _Loop:
                 seed=self.d.seed or 0,
                 timeout_s=self.trial_timeout(),
                 max_memory_mb=self.d.max_memory_mb,
+                incumbent=None if is_baseline else _incumbent(self.study),
             )
         except KeyboardInterrupt:
             # Optuna records the trial FAIL and re-raises; the runner has killed its ranks.
@@ -394,6 +396,10 @@ class _Loop:
         speedup = 1.0 if is_baseline or not baseline else result.throughput / baseline
         attrs = {
             "throughput": round(result.throughput, 3),
+            "interval": result.interval.to_dict(),
+            "windows": [round(w, 2) for w in result.windows],
+            "stop": ranks[0]["stop"],
+            "warmup_steps": ranks[0]["warmup_steps"],
             "step_time_s": round(result.step_time_s, 6),
             "peak_memory_mb": [r["peak_memory_mb"] for r in ranks],
             "speedup": round(speedup, 4),
@@ -405,14 +411,20 @@ class _Loop:
         }
         for k, v in attrs.items():
             trial.set_user_attr(k, v)
+        for i, w in enumerate(result.windows):
+            trial.report(w, i)  # the dashboard's intermediate values: one per window
         self.walls.append(time.monotonic() - t0)
-        self._report(trial, result.throughput, speedup, params=trial.params)
+        self._report(trial, result, speedup, params=trial.params)
+        if result.pruned:
+            raise optuna.TrialPruned(
+                f"upper bound {result.interval.high:.1f} below the incumbent's interval"
+            )
         return result.throughput
 
     def _report(
         self,
         trial: optuna.Trial,
-        thr: float | None,
+        result: Any,
         speedup: float | None,
         *,
         params: dict[str, Any],
@@ -420,8 +432,9 @@ class _Loop:
     ) -> None:
         tag = _tag(trial)
         shown = self._changed(params)
+        pruned = result is not None and result.pruned
         if self.view is not None:
-            state = "complete" if failure is None else "failed"
+            state = "failed" if failure is not None else "pruned" if pruned else "complete"
             self.view.trial_finished(state, speedup, trial.number)
         elapsed = format_duration(time.monotonic() - self.started)
         if failure is not None:
@@ -430,18 +443,32 @@ class _Loop:
                 f"[{elapsed}] {tag:>9} [red]FAIL[/] {failure.reason}: "
                 f"{failure.detail}  [dim]{shown}[/]",
             )
-        else:
-            _print(
-                self.view,
-                f"[{elapsed}] {tag:>9} [green]{thr:9.1f}[/] samples/s "
-                f"{speedup:5.2f}x  [dim]{shown}[/]",
-            )
+            return
+        ci = result.interval
+        pm = 100 * ci.rel_half_width
+        how = ("[yellow]PRUNED[/] " if pruned else "") + f"±{pm:.1f}% {len(result.windows)}w"
+        _print(
+            self.view,
+            f"[{elapsed}] {tag:>9} [green]{ci.median:9.1f}[/] samples/s "
+            f"{speedup:5.2f}x {how}  [dim]{shown}[/]",
+        )
 
     def _changed(self, params: dict[str, Any]) -> str:
         """The settings of ``params`` that differ from the defaults, as ``k=v`` words."""
         defaults = self.space.defaults()
         changed = {k: v for k, v in params.items() if v != defaults.get(k)}
         return " ".join(f"{k}={_short(v)}" for k, v in changed.items()) or "defaults"
+
+
+def _incumbent(study: optuna.Study) -> Interval | None:
+    """The best COMPLETE trial's throughput interval: a trial clearly below it is pruned."""
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not complete:
+        return None
+    best = max(complete, key=lambda t: t.value)
+    if "interval" not in best.user_attrs:
+        return None  # measured by an autotune without intervals
+    return Interval.from_dict(best.user_attrs["interval"])
 
 
 def _tag(trial: optuna.Trial) -> str:

@@ -50,7 +50,7 @@ def test_single_rank_nccl_trial_applies_env_precision_and_pinning(ray_address):
             trainer="autotune_test_trainers:tiny",
             trainer_options={"global_batch": 64},
             config=cfg,
-            measure=MeasureSettings(warmup_steps=3, window_s=0.5),
+            measure=MeasureSettings(window_s=0.5),
             seed=0,
             timeout_s=300,
         )

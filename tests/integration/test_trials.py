@@ -34,10 +34,20 @@ def test_baseline_trial_runs_two_real_ranks_with_pytorch_defaults(runner):
     res = run(runner, config())
     assert [r["rank"] for r in res.ranks] == [0, 1]
     assert res.ranks[0]["pid"] != res.ranks[1]["pid"]  # separate processes
-    assert res.ranks[0]["steps"] == res.ranks[1]["steps"] >= QUICK.min_steps
-    assert res.throughput == pytest.approx(
-        sum(r["samples"] for r in res.ranks) / max(r["window_s"] for r in res.ranks)
-    )
+    r0, r1 = res.ranks
+    # the protocol: warm-up until settled, then 2-3 windows all ranks agreed on
+    assert r0["warmup_steps"] == r1["warmup_steps"] >= QUICK.settle_rule().earliest
+    assert r0["windows"] == r1["windows"]  # the slowest rank's times, same on every rank
+    assert QUICK.min_windows <= len(r0["windows"]) <= QUICK.max_windows
+    assert r0["stop"] in ("converged", "cap")
+    assert r0["steps"] == len(r0["windows"]) * r0["steps_per_window"]
+    # throughput is the median window; windows add up to the samples over the timed seconds
+    assert res.throughput == pytest.approx(sorted(r0["windows"])[len(r0["windows"]) // 2])
+    ci = res.interval
+    assert ci.low <= res.throughput <= ci.high and ci.n == len(r0["windows"])
+    total = sum(r["samples"] for r in res.ranks)
+    harmonic = total / sum(total / len(r0["windows"]) / w for w in r0["windows"])
+    assert harmonic == pytest.approx(total / r0["window_s"], rel=1e-6)
     applied = res.ranks[0]["applied"]
     assert applied["bucket_cap_mb"] == 25 and applied["comm_hook"] == "none"
     assert applied["accumulation_steps"] == 1 and applied["micro_batch"] == 16
@@ -86,3 +96,22 @@ def test_a_rank_that_raises_fails_the_trial_with_its_first_error_line(runner):
     assert "Traceback" not in e.value.detail
     # the runner is usable straight after: the failed trial's actors are gone
     assert run(runner, config()).throughput > 0
+
+
+def test_a_trial_clearly_below_the_incumbent_is_pruned_with_its_partial_numbers(runner):
+    from autotune.stats import Interval
+
+    base = run(runner, config())
+    far_above = Interval(median=base.throughput * 10, low=base.throughput * 9,
+                         high=base.throughput * 11, n=5)  # fmt: skip
+    res = runner.run(trial=1, trainer=TRAINER, trainer_options={}, config=config(),
+                     measure=QUICK, seed=0, timeout_s=120, incumbent=far_above)  # fmt: skip
+    assert res.pruned and res.ranks[0]["stop"] == "pruned"
+    assert len(res.windows) == QUICK.prune_after  # stopped as soon as the rule may act
+    assert res.interval.high < far_above.low
+    # an incumbent within reach never prunes
+    near = Interval(median=base.throughput, low=base.throughput * 0.9,
+                    high=base.throughput * 1.1, n=5)  # fmt: skip
+    res = runner.run(trial=2, trainer=TRAINER, trainer_options={}, config=config(),
+                     measure=QUICK, seed=0, timeout_s=120, incumbent=near)  # fmt: skip
+    assert not res.pruned

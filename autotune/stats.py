@@ -1,0 +1,415 @@
+"""The measurement protocol: when timing starts, when it stops, when a trial is pruned, and how
+the final configuration is chosen from interleaved re-measurements.
+
+Everything here is a pure, deterministic function of the numbers it is given (no resampling, no
+randomness). A *window* is a fixed number of timed steps; it yields one samples/s value.
+Repeated runs of one configuration vary by about ±7 % and many configurations differ by less,
+so every decision is taken on an interval, never on a single number.
+
+Rules (``n`` = number of windows, ``conf`` = confidence, 0.95 by default):
+
+- Warm-up, ``SettleRule.settled_at``: the first ``min_steps`` steps are always discarded (CUDA /
+  NCCL init, autotuning, DDP bucket rebuild). Timing starts at the first index ``i`` at which the
+  median of steps ``[i-window, i)`` differs by at most ``rel_tol`` (relative) from the median of
+  ``[i-2*window, i-window)``: two adjacent medians that agree mean no trend is left, and a median
+  ignores one GC spike. Only steps from ``i`` on are timed, so the steps that decided "settled"
+  are never measured (no selection bias). Not settled after ``max_steps`` steps: warm-up ends
+  there (``settled_at`` returns ``max_steps``, i.e. ``len(step_times)`` when called per step).
+- Throughput interval, ``median_ci``: the point is the median of the windows (one slow window
+  does not move it). If n is large enough for the order-statistic interval ``[x(1), x(n)]`` to
+  reach ``conf`` (``1 - 2**(1-n) >= conf``: n >= 6 at 95 %), the interval is the
+  Hettmansperger-Sheather interpolated sign-test interval: distribution-free, robust to outlying
+  windows, and near-nominal coverage instead of the 97-99 % of raw order statistics. For smaller
+  n it is Student's ``mean ± t(conf, n-1)·s/√n``: exact for normal noise, where mean = median,
+  and for such small n it always contains the median. One window: ``(-inf, +inf)``; the spread
+  is unknown, so one window never stops or prunes anything.
+- Stop, ``StopRule.decide``: stop once ``n >= min_windows`` and the interval's half-width is at
+  most ``rel_half_width × median`` ("converged"); otherwise stop at ``n >= max_windows`` ("cap").
+- Prune, ``PruneRule.should_prune``: once ``n >= min_windows``, prune only if the trial's upper
+  bound is below the incumbent × ``(1 - margin)``, where the incumbent counts as its *lower* bound
+  when it is an ``Interval``: the two intervals must not overlap, so noise alone rarely prunes.
+  With two windows the t-interval (t = 12.7 at 95 %) is wide on purpose: only gross losers go.
+  Pass the incumbent as an ``Interval``; a bare number ignores the incumbent's own noise.
+- Speedup, ``speedup_ci``: the ratio is estimated on log ratios. Interleaved measurements are
+  paired by index (``candidate[i]`` with ``baseline[i]``, same round) so drift common to both
+  (thermal, other tenants) cancels: t-interval of the mean log ratio, exponentiated; the point
+  (``Interval.median``) is ``exp(mean log ratio)``, the geometric mean of the ratios. Unequal
+  lengths or ``paired=False``: Welch's interval for the difference of the mean logs.
+- Final choice, ``choose``: only the interleaved re-measurements count (never the search's trial
+  values, which are optimistically biased by selection). A candidate beats the baseline when its
+  speedup's lower bound is > 1. Among those the highest speedup point wins (ties: higher lower
+  bound, then input order); if none does, the baseline wins: keep the defaults.
+- Order, ``interleave``: one round measures every key once; round ``r`` uses row ``r`` of a
+  Williams design (a Latin square for k keys, plus its mirror when k is odd), so over k rounds
+  each key takes every position once, and over k (even k) or 2k (odd k) rounds each key follows
+  every other key equally often. For two keys this is A B B A, which cancels linear drift.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from scipy.special import stdtrit
+
+__all__ = [
+    "Interval",
+    "PruneRule",
+    "SettleRule",
+    "StopRule",
+    "Validation",
+    "choose",
+    "interleave",
+    "median_ci",
+    "speedup_ci",
+]
+
+NO_WINNER_REASON = "no candidate beat the defaults beyond the noise; keep the defaults"
+
+_SIG_DIGITS = 6
+
+
+def _round(x: float) -> float | None:
+    """``x`` to 6 significant digits; None for an infinite bound (JSON has no infinity)."""
+    if math.isinf(x):
+        return None
+    return float(f"{x:.{_SIG_DIGITS}g}")
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate (``median``) with a ``[low, high]`` interval from ``n`` values."""
+
+    median: float
+    low: float
+    high: float
+    n: int
+
+    def __post_init__(self) -> None:
+        if not self.low <= self.median <= self.high:
+            raise ValueError(f"need low <= median <= high, got {self}")
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+    @property
+    def rel_half_width(self) -> float:
+        """``half_width / median``; inf when the interval is unbounded or the median is 0."""
+        hw = self.half_width
+        if hw == 0:
+            return 0.0
+        if math.isinf(hw) or self.median == 0:
+            return math.inf
+        return hw / abs(self.median)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict (6 significant digits; an infinite bound is None) for trial user attrs."""
+        rel = self.rel_half_width
+        return {
+            "median": _round(self.median),
+            "low": _round(self.low),
+            "high": _round(self.high),
+            "n": int(self.n),
+            "rel_half_width": None if math.isinf(rel) else round(rel, 6),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Interval:
+        """Inverse of ``to_dict`` (None bounds become ∓inf; extra keys are ignored)."""
+        low = -math.inf if d["low"] is None else float(d["low"])
+        high = math.inf if d["high"] is None else float(d["high"])
+        return cls(median=float(d["median"]), low=low, high=high, n=int(d["n"]))
+
+
+def _as_array(samples: Sequence[float], what: str, positive: bool = False) -> np.ndarray:
+    x = np.asarray(samples, dtype=float).ravel()
+    if x.size == 0:
+        raise ValueError(f"{what}: no values")
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"{what}: values must be finite, got {list(samples)!r}")
+    if positive and not np.all(x > 0):
+        raise ValueError(f"{what}: values must be positive, got {list(samples)!r}")
+    return x
+
+
+def _check_confidence(confidence: float) -> None:
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+
+
+@lru_cache(maxsize=1024)
+def _t_quantile(confidence: float, df: float) -> float:
+    return float(stdtrit(df, 0.5 + confidence / 2))
+
+
+def _sign_coverage(n: int, d: int) -> float:
+    """Coverage of ``[x(d), x(n-d+1)]`` for the median: ``P(d <= B <= n-d)``, B ~ Bin(n, 1/2)."""
+    below = sum(math.comb(n, i) for i in range(d)) / 2**n
+    return max(0.0, 1.0 - 2.0 * below)
+
+
+@lru_cache(maxsize=1024)
+def _hs_weights(n: int, confidence: float) -> tuple[int, float] | None:
+    """``(d, lam)`` of the Hettmansperger-Sheather (1986) interval, or None if n is too small.
+
+    ``d`` is the largest depth whose order-statistic interval covers >= ``confidence``; the
+    bounds are interpolated ``lam`` of the way towards depth ``d + 1``.
+    """
+    if _sign_coverage(n, 1) < confidence:
+        return None
+    d = 1
+    while d + 1 <= n // 2 and _sign_coverage(n, d + 1) >= confidence:
+        d += 1
+    g_d, g_next = _sign_coverage(n, d), _sign_coverage(n, d + 1)
+    frac = (g_d - confidence) / (g_d - g_next) if g_d > g_next else 0.0
+    lam = (n - d) * frac / (d + (n - 2 * d) * frac) if frac > 0 else 0.0
+    return d, lam
+
+
+def median_ci(samples: Sequence[float], confidence: float = 0.95) -> Interval:
+    """Median of ``samples`` with a ``confidence`` interval for the median (see module doc).
+
+    One sample gives ``(-inf, +inf)``; no sample, or a non-finite one, raises ValueError.
+    """
+    _check_confidence(confidence)
+    x = np.sort(_as_array(samples, "median_ci"))
+    n = int(x.size)
+    med = float(np.median(x))
+    if n == 1:
+        return Interval(med, -math.inf, math.inf, 1)
+    hs = _hs_weights(n, confidence)
+    if hs is not None:
+        d, lam = hs  # 1-based depth d: x(d) is x[d - 1]
+        low = (1 - lam) * x[d - 1] + lam * x[d]
+        high = (1 - lam) * x[n - d] + lam * x[n - d - 1]
+    else:
+        mean = float(x.mean())
+        hw = _t_quantile(confidence, n - 1) * float(x.std(ddof=1)) / math.sqrt(n)
+        low, high = mean - hw, mean + hw
+    return Interval(med, min(float(low), med), max(float(high), med), n)
+
+
+@dataclass
+class SettleRule:
+    """Where warm-up ends in a sequence of per-step times (see module doc)."""
+
+    window: int = 5
+    rel_tol: float = 0.05
+    min_steps: int = 3
+    max_steps: int = 200
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or self.min_steps < 0 or self.max_steps < 1 or not self.rel_tol > 0:
+            raise ValueError(f"invalid {self}")
+
+    @property
+    def earliest(self) -> int:
+        """The smallest index ``settled_at`` can return: ``min_steps + 2 * window``."""
+        return self.min_steps + 2 * self.window
+
+    def settled_at(self, step_times: Sequence[float]) -> int | None:
+        """Index of the first timed step (earlier steps are warm-up), or None: not settled yet.
+
+        Returns ``max_steps`` once ``len(step_times) >= max_steps`` without settling earlier.
+        """
+        t = np.asarray(step_times, dtype=float)
+        w = self.window
+        last = min(len(t), self.max_steps)
+        for i in range(self.earliest, last + 1):
+            prev = float(np.median(t[i - 2 * w : i - w]))
+            recent = float(np.median(t[i - w : i]))
+            if prev > 0 and abs(recent - prev) <= self.rel_tol * prev:
+                return i
+        return self.max_steps if len(t) >= self.max_steps else None
+
+
+@dataclass
+class StopRule:
+    """When a trial has measured enough windows (see module doc)."""
+
+    rel_half_width: float = 0.03
+    min_windows: int = 3
+    max_windows: int = 12
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        _check_confidence(self.confidence)
+        if not 1 <= self.min_windows <= self.max_windows or not self.rel_half_width > 0:
+            raise ValueError(f"invalid {self}")
+
+    def decide(self, window_throughputs: Sequence[float]) -> tuple[bool, str]:
+        """``(True, "converged")``, ``(True, "cap")`` or ``(False, "measuring")``."""
+        n = len(window_throughputs)
+        if n < self.min_windows:
+            return False, "measuring"
+        ci = median_ci(window_throughputs, self.confidence)
+        if ci.rel_half_width <= self.rel_half_width:
+            return True, "converged"
+        if n >= self.max_windows:
+            return True, "cap"
+        return False, "measuring"
+
+
+@dataclass
+class PruneRule:
+    """Prune a trial only when it is clearly below the incumbent (see module doc)."""
+
+    min_windows: int = 2
+    margin: float = 0.0
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        _check_confidence(self.confidence)
+        if self.min_windows < 2 or not 0 <= self.margin < 1:
+            raise ValueError(f"invalid {self}")
+
+    def should_prune(
+        self, window_throughputs: Sequence[float], incumbent: Interval | float | None
+    ) -> bool:
+        """True when ``upper(trial) < bar × (1 - margin)``; bar = incumbent's low bound or value."""
+        if incumbent is None or len(window_throughputs) < self.min_windows:
+            return False
+        bar = incumbent.low if isinstance(incumbent, Interval) else float(incumbent)
+        if not math.isfinite(bar):
+            return False
+        trial = median_ci(window_throughputs, self.confidence)
+        return trial.high < bar * (1 - self.margin)
+
+
+def _exp_interval(center: float, hw: float, n: int) -> Interval:
+    return Interval(math.exp(center), math.exp(center - hw), math.exp(center + hw), n)
+
+
+def speedup_ci(
+    candidate: Sequence[float],
+    baseline: Sequence[float],
+    confidence: float = 0.95,
+    paired: bool = True,
+) -> Interval:
+    """Interval for throughput ratio candidate/baseline; ``median`` is exp(mean log ratio).
+
+    Paired by index when ``paired`` and the lengths match (``n`` = pairs), else Welch on the
+    logs (``n`` = the smaller sample). Too few values for a spread gives ``(0, inf)``.
+    """
+    _check_confidence(confidence)
+    lc = np.log(_as_array(candidate, "speedup_ci candidate", positive=True))
+    lb = np.log(_as_array(baseline, "speedup_ci baseline", positive=True))
+    if paired and lc.size == lb.size:
+        d = lc - lb
+        n = int(d.size)
+        if n < 2:
+            return _exp_interval(float(d.mean()), math.inf, n)
+        hw = _t_quantile(confidence, n - 1) * float(d.std(ddof=1)) / math.sqrt(n)
+        return _exp_interval(float(d.mean()), hw, n)
+    n1, n2 = int(lc.size), int(lb.size)
+    center = float(lc.mean() - lb.mean())
+    if min(n1, n2) < 2:
+        return _exp_interval(center, math.inf, min(n1, n2))
+    v1, v2 = float(lc.var(ddof=1)) / n1, float(lb.var(ddof=1)) / n2
+    se2 = v1 + v2
+    if se2 == 0:
+        return _exp_interval(center, 0.0, min(n1, n2))
+    df = se2**2 / (v1**2 / (n1 - 1) + v2**2 / (n2 - 1))
+    return _exp_interval(center, _t_quantile(confidence, df) * math.sqrt(se2), min(n1, n2))
+
+
+@dataclass
+class Validation:
+    """Outcome of the interleaved re-validation (see ``choose``)."""
+
+    winner: str  # a candidate key, or the baseline key
+    speedup: Interval  # the winner's speedup vs the baseline (exactly 1 for the baseline)
+    beats_baseline: bool
+    results: dict[str, dict] = field(default_factory=dict)  # key -> throughput, speedup, beats
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form, e.g. for a study user attr."""
+        return {
+            "winner": self.winner,
+            "speedup": self.speedup.to_dict(),
+            "beats_baseline": self.beats_baseline,
+            "results": self.results,
+            "reason": self.reason,
+        }
+
+
+def _fmt(ci: Interval) -> str:
+    return f"{ci.median:.3f}x [{ci.low:.3f}, {ci.high:.3f}]"
+
+
+def choose(
+    measurements: Mapping[str, Sequence[float]], baseline: str, confidence: float = 0.95
+) -> Validation:
+    """Pick the configuration to keep from interleaved re-measurements (see module doc).
+
+    ``measurements[key][i]`` is key's throughput in round ``i``; candidates are paired with the
+    baseline by round. ``results`` has an entry for every key, the baseline included.
+    """
+    if baseline not in measurements:
+        raise ValueError(f"baseline {baseline!r} not among the measured keys {list(measurements)}")
+    base = measurements[baseline]
+    base_ci = median_ci(base, confidence)
+    one = Interval(1.0, 1.0, 1.0, base_ci.n)
+    results: dict[str, dict] = {
+        baseline: {
+            "throughput": base_ci.to_dict(),
+            "speedup": one.to_dict(),
+            "beats_baseline": False,
+        }
+    }
+    beating: list[tuple[str, Interval]] = []
+    for key, values in measurements.items():
+        if key == baseline:
+            continue
+        sp = speedup_ci(values, base, confidence)
+        beats = sp.low > 1.0
+        results[key] = {
+            "throughput": median_ci(values, confidence).to_dict(),
+            "speedup": sp.to_dict(),
+            "beats_baseline": beats,
+        }
+        if beats:
+            beating.append((key, sp))
+    if not beating:
+        return Validation(baseline, one, False, results, NO_WINNER_REASON)
+    # max() keeps the first of equal keys, so input order breaks exact ties.
+    key, sp = max(beating, key=lambda kv: (kv[1].median, kv[1].low))
+    n_cand = len(measurements) - 1
+    reason = (
+        f"{key}: {_fmt(sp)} vs the defaults ({confidence:.0%} interval, {sp.n} paired rounds); "
+        f"{len(beating)} of {n_cand} candidates beat the defaults beyond the noise"
+    )
+    return Validation(key, sp, True, results, reason)
+
+
+def _williams_rows(k: int) -> list[list[int]]:
+    first = [0]
+    lo, hi = 1, k - 1
+    while len(first) < k:
+        first.append(lo)
+        lo += 1
+        if len(first) < k:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + j) % k for x in first] for j in range(k)]
+    if k % 2 == 1:
+        rows += [row[::-1] for row in rows]
+    return rows
+
+
+def interleave(keys: Sequence[str], rounds: int) -> list[str]:
+    """Measurement order: ``rounds`` rounds, each key once per round, Williams-design rows."""
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"interleave: duplicate keys in {list(keys)}")
+    if rounds < 0:
+        raise ValueError(f"interleave: rounds must be >= 0, got {rounds}")
+    if not keys:
+        return []
+    rows = _williams_rows(len(keys))
+    return [keys[i] for r in range(rounds) for i in rows[r % len(rows)]]
