@@ -93,6 +93,19 @@ def _parser() -> argparse.ArgumentParser:
         help="peak host memory per rank, e.g. 4GiB; a trial over it fails with reason oom",
     )
     r.add_argument(
+        "--validate-top",
+        type=int,
+        metavar="K",
+        help="re-measure the K best configurations against the baseline, interleaved, and "
+        "choose the profile from those numbers (default 3; 0: export the best trial as is)",
+    )
+    r.add_argument(
+        "--validate-rounds",
+        type=int,
+        metavar="R",
+        help="interleaved rounds of that re-measurement (default 3)",
+    )
+    r.add_argument(
         "--quiet",
         action="store_true",
         help="no live display: one plain line per trial, for logs (also when stdout is "
@@ -181,6 +194,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         sampler=args.sampler,
         seed=args.seed,
         max_memory_mb=None if args.max_memory is None else parse_size_mb(args.max_memory),
+        validate_top=args.validate_top,
+        validate_rounds=args.validate_rounds,
         trial_timeout_s=(
             None
             if args.trial_timeout is None

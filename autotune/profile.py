@@ -7,7 +7,8 @@ same strict loader (``Profile.load``) that the user's training script uses::
     study:     {name, best_trial, baseline_trial}
     workload:  {trainer, options, world_size, backend, global_batch}
     hardware:  {device, device_name, device_count, node_count, torch, nccl}
-    measured:  {baseline_samples_per_s, best_samples_per_s, speedup, trials, budget, ...}
+    measured:  {baseline_samples_per_s, best_samples_per_s, speedup, speedup_interval,
+                interval, validation, trials, budget, tuning_s, note}
     env:       {NCCL_ALGO: Ring, OMP_NUM_THREADS: "1", ...}   # flat map, string values
     ddp:       {bucket_cap_mb, gradient_as_bucket_view, static_graph, comm_hook: {name, ...}}
     data:      {num_workers, pin_memory, prefetch_factor?, persistent_workers?}
@@ -44,6 +45,9 @@ _SECTIONS = {
         "baseline_samples_per_s",
         "best_samples_per_s",
         "speedup",
+        "speedup_interval",
+        "interval",
+        "validation",
         "trials",
         "budget",
         "tuning_s",
@@ -149,8 +153,9 @@ class Profile:
         return {k: getattr(self, k) for k in _TOP}
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write atomically: a reader never sees half a profile."""
+        """Write atomically: a reader never sees half a profile, nor one ``load`` refuses."""
         p = Path(path)
+        Profile.from_mapping(self.to_mapping(), where=f"profile {p}")
         p.parent.mkdir(parents=True, exist_ok=True)
         text = _HEADER + _yaml.dump(self.to_mapping())
         fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")

@@ -159,6 +159,8 @@ def build(study: optuna.Study) -> Report:
     report = Report(study)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        # _lower_is_better already turns a maximised first objective into a minimised target
+        warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes")
         for name, title, fn, kwargs in _optuna_figures(study):
             why = _why_not(study, fn)
             if why:

@@ -35,6 +35,8 @@ _KEYS = (
     "trial_timeout",
     "measure",
     "max_memory",
+    "validate_top",
+    "validate_rounds",
 )
 _MEASURE_KEYS = tuple(f.name for f in fields(MeasureSettings))
 _MEASURE_FLOATS = ("settle_tol", "window_s", "target_rel_half_width")
@@ -72,6 +74,11 @@ class StudyDefinition:
     """Warm-up and timed-window settings."""
     max_memory_mb: float | None = None
     """Peak host memory per rank; a trial over it fails with ``oom``."""
+    validate_top: int = 3
+    """How many of the best configurations are re-measured against the baseline, interleaved,
+    before the profile is chosen (0: no re-validation)."""
+    validate_rounds: int = 3
+    """Interleaved rounds of that re-measurement (each measures every candidate once)."""
 
     @classmethod
     def load(cls, name_or_path: str) -> StudyDefinition:
@@ -112,6 +119,8 @@ class StudyDefinition:
                 if data.get("max_memory") is None
                 else parse_size_mb(data["max_memory"], what=f"{where}: max_memory")
             ),
+            validate_top=data.get("validate_top", 3),
+            validate_rounds=data.get("validate_rounds", 3),
         )
         d.check(where)
         return d
@@ -137,6 +146,10 @@ class StudyDefinition:
             isinstance(self.seed, bool) or not isinstance(self.seed, int)
         ):
             raise ConfigError(f"{where}: seed must be an integer, got {self.seed!r}")
+        for key, low in (("validate_top", 0), ("validate_rounds", 2)):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ConfigError(f"{where}: {key} must be a whole number >= {low}, got {v!r}")
         m = self.measure
         for key in _MEASURE_KEYS:
             v = getattr(m, key)

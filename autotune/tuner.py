@@ -11,7 +11,11 @@
    PyTorch/NCCL/torchrun default), and every trial records its speedup against it;
 5. ``study.optimize`` until the budget is spent (a trial is not started when the budget left
    is shorter than a typical trial); failed trials are FAIL with a reason, the run goes on;
-6. export the best profile, print where the study and profile are.
+6. re-validate: the few best configurations and the baseline are measured again, interleaved
+   (A, B, C, A, ...), and the winner is chosen from those numbers only (``autotune.stats.choose``);
+   the budget keeps room for it;
+7. export the profile of the winner (or of the defaults when nothing beat them beyond the
+   noise), print where the study and profile are.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from autotune.profile import Profile
 from autotune.progress import RunView
 from autotune.samplers import make_sampler
 from autotune.space import ResolvedSpace, SearchSpace
-from autotune.stats import Interval
+from autotune.stats import Interval, choose, interleave
 from autotune.studydef import StudyDefinition
 from autotune.workload import load_workload
 
@@ -145,6 +149,8 @@ def run(req: RunRequest, view: RunView | None = None) -> RunSummary:
         # 5. Trials until the budget is spent.
         try:
             loop.optimize()
+            # 6. Re-measure the best few against the baseline, interleaved.
+            loop.validate()
         except KeyboardInterrupt:
             summary.interrupted = True
             _print(
@@ -154,7 +160,7 @@ def run(req: RunRequest, view: RunView | None = None) -> RunSummary:
             )
         except ClusterLost as e:
             summary.stopped = str(e)
-        # 6. The profile.
+        # 7. The profile.
         summary.study = study
         summary.trials = _counts(study)
         summary.baseline = _baseline_value(study)
@@ -316,6 +322,7 @@ class _Loop:
         self.view = view
         self.started = time.monotonic()
         self.walls: list[float] = []
+        self.plan: tuple[int, int] | None = None  # (candidates, rounds) to re-validate
 
     def optimize(self) -> None:
         optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -341,9 +348,16 @@ class _Loop:
         """Stop before a trial that the budget left cannot hold; raise ClusterLost before one
         the cluster has no room for (so no trial is asked for in vain)."""
         left = self.d.budget_s - (time.monotonic() - self.started)
-        if self.walls and left < statistics.median(self.walls):
-            study.stop()
-            return
+        if self.walls:
+            wall = statistics.median(self.walls)
+            self.plan = _validation_plan(self.d, self.d.budget_s, wall)
+            # Room for the re-validation once there is something to re-validate.
+            base = _baseline_value(study)
+            above = base is not None and any(t.value > base for t in _complete(study))
+            runs = 0 if self.plan is None or not above else (self.plan[0] + 1) * self.plan[1]
+            if left < wall * (1 + runs):
+                study.stop()
+                return
         self.runner.ensure_placed()
 
     def objective(self, trial: optuna.Trial) -> float:
@@ -421,6 +435,91 @@ class _Loop:
             )
         return result.throughput
 
+    def validate(self) -> dict[str, Any] | None:
+        """Measure the best few configurations and the baseline again, interleaved, and store
+        the choice made from those numbers on the study (user attribute ``validation``)."""
+        base = _baseline_trial(self.study)
+        if self.plan is None or base is None:
+            return None
+        top, rounds = self.plan
+        candidates: dict[str, optuna.trial.FrozenTrial] = {}
+        seen = set()
+        for t in sorted(_complete(self.study), key=lambda t: -t.value):
+            key = tuple(sorted(t.params.items()))
+            if t.number == base.number or key in seen or t.value <= base.value:
+                continue
+            seen.add(key)
+            candidates[f"trial {t.number}"] = t
+            if len(candidates) == top:
+                break
+        if not candidates:
+            _print(self.view, "No trial measured above the baseline: nothing to re-validate")
+            return None
+        keys = ["baseline", *candidates]
+        order = interleave(keys, rounds)
+        _print(
+            self.view,
+            f"Re-validating {', '.join(candidates)} against the baseline: "
+            f"{rounds} interleaved rounds ({len(order)} runs)",
+        )
+        runs: dict[str, list[float]] = {k: [] for k in keys}
+        failed: dict[str, str] = {}
+        trials = {"baseline": base, **candidates}
+        for key in order:
+            if key in failed:
+                continue
+            if self.view is not None:
+                self.view.trial_started(f"re-validating {key}", self._changed(trials[key].params))
+            try:
+                result = self.runner.run(
+                    trial=trials[key].number,
+                    trainer=self.d.trainer,
+                    trainer_options=dict(self.d.trainer_options),
+                    config=TrialConfig.from_dict(trials[key].user_attrs["config"]),
+                    measure=self.d.measure,
+                    seed=self.d.seed or 0,
+                    timeout_s=self.trial_timeout(),
+                    max_memory_mb=self.d.max_memory_mb,
+                )
+            except TrialFailed as e:
+                failed[key] = f"{e.reason}: {e.detail}"
+                _print(self.view, f"  {key:>10} [red]FAIL[/] {failed[key]}")
+                if key == "baseline":
+                    _print(self.view, "The baseline failed: re-validation abandoned")
+                    return None
+                runs.pop(key)
+                continue
+            runs[key].append(result.throughput)
+            ci = result.interval
+            _print(
+                self.view,
+                f"  {key:>10} {ci.median:9.1f} samples/s ±{100 * ci.rel_half_width:.1f}%",
+            )
+        if self.view is not None:
+            self.view.running = None
+        if len(runs) < 2:
+            return None
+        v = choose(runs, "baseline")
+        record = {
+            **v.to_dict(),
+            "trials": {k: trials[k].number for k in runs},
+            "order": order,
+            "measurements": {k: [round(x, 2) for x in xs] for k, xs in runs.items()},
+            "failed": failed,
+            "after_trial": max(t.number for t in self.study.get_trials(deepcopy=False)),
+        }
+        self.study.set_user_attr("validation", record)
+        sp = v.speedup
+        if v.beats_baseline:
+            _print(
+                self.view,
+                f"Validated: {v.winner} is {sp.median:.2f}x the defaults "
+                f"(95% interval {sp.low:.2f}-{sp.high:.2f}x)",
+            )
+        else:
+            _print(self.view, f"Validated: {v.reason}")
+        return record
+
     def _report(
         self,
         trial: optuna.Trial,
@@ -458,6 +557,29 @@ class _Loop:
         defaults = self.space.defaults()
         changed = {k: v for k, v in params.items() if v != defaults.get(k)}
         return " ".join(f"{k}={_short(v)}" for k, v in changed.items()) or "defaults"
+
+
+def _validation_plan(
+    d: StudyDefinition, budget_s: float, trial_wall_s: float
+) -> tuple[int, int] | None:
+    """(candidates, rounds) of the re-validation that fit in a third of the budget, given the
+    typical trial's wall time; fewer rounds first, then fewer candidates; None when even one
+    candidate over two rounds does not fit in half of it."""
+    top, rounds = d.validate_top, d.validate_rounds
+    if top == 0:
+        return None
+    while (top + 1) * rounds * trial_wall_s > budget_s / 3 and (rounds > 2 or top > 1):
+        if rounds > 2:
+            rounds -= 1
+        else:
+            top -= 1
+    if (top + 1) * rounds * trial_wall_s > budget_s / 2:
+        return None
+    return top, rounds
+
+
+def _complete(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
 
 
 def _incumbent(study: optuna.Study) -> Interval | None:
@@ -500,12 +622,54 @@ def export_profile(
         "baseline_samples_per_s": None if baseline is None else round(baseline, 2),
         "best_samples_per_s": round(best.value, 2),
         "speedup": None if not baseline else round(best.value / baseline, 3),
+        "interval": best.user_attrs.get("interval"),
         "trials": counts,
         "budget": None if budget_s is None else format_duration(budget_s),
         "tuning_s": round(sum(t.user_attrs.get("wall_s", 0.0) for t in study.trials), 1),
     }
-    if base is not None and best.number == base.number:
-        measured["note"] = "no trial beat the baseline: keep PyTorch's defaults"
+    validation = study.user_attrs.get("validation")
+    if validation and base is not None:
+        # The choice made from the interleaved re-measurements, not the search's best value
+        # (which is biased upwards: it is the maximum of many noisy measurements).
+        winner = validation["winner"]
+        number = validation["trials"][winner]
+        best = study.trials[number]
+        results = validation["results"]
+        speedup = results[winner]["speedup"]
+        measured.update(
+            best_samples_per_s=results[winner]["throughput"]["median"],
+            baseline_samples_per_s=results["baseline"]["throughput"]["median"],
+            speedup=round(speedup["median"], 3),
+            speedup_interval=[speedup["low"], speedup["high"]],
+            interval=results[winner]["throughput"],
+            validation={
+                "rounds": len(validation["measurements"]["baseline"]),
+                "order": validation["order"],
+                "results": {
+                    k: {
+                        "trial": validation["trials"][k],
+                        "samples_per_s": validation["measurements"][k],
+                        "speedup": [r["speedup"]["low"], r["speedup"]["median"],
+                                    r["speedup"]["high"]],
+                        "beats_baseline": r["beats_baseline"],
+                    }
+                    for k, r in results.items()
+                },
+                "failed": validation.get("failed", {}),
+                "after_trial": validation["after_trial"],
+            },
+        )  # fmt: skip
+        if not validation["beats_baseline"]:
+            measured["note"] = validation["reason"]
+    else:
+        measured["validation"] = None
+        if base is not None and best.number == base.number:
+            measured["note"] = "no trial beat the baseline: keep PyTorch's defaults"
+        else:
+            measured["note"] = (
+                "not re-validated: the speedup is the search's best single trial, biased "
+                "upwards; run with --validate-top 3 for an interval"
+            )
     profile = Profile.from_config(
         TrialConfig.from_dict(best.user_attrs["config"]),
         study={

@@ -33,14 +33,24 @@ def test_study_holds_a_complete_baseline_and_measured_trials(finished_run):
     assert base.user_attrs["baseline"] is True and base.state == TrialState.COMPLETE
     assert base.user_attrs["speedup"] == 1.0
     assert [t.number for t in trials if t.user_attrs.get("baseline")] == [0]
-    complete = [t for t in trials if t.state == TrialState.COMPLETE]
-    assert len(complete) >= 3
-    for t in complete:
+    measured = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert len(measured) >= 3
+    for t in measured:
         a = t.user_attrs
-        assert a["throughput"] == pytest.approx(t.value, rel=1e-6)
-        assert a["speedup"] == pytest.approx(t.value / base.value, rel=1e-3)
+        ci = a["interval"]
+        assert ci["low"] <= a["throughput"] <= ci["high"] and ci["n"] == len(a["windows"])
+        assert a["speedup"] == pytest.approx(a["throughput"] / base.value, rel=1e-3)
         assert a["step_time_s"] > 0 and len(a["peak_memory_mb"]) == 2
         assert a["config"]["global_batch"] == 64  # the workload's global batch, always
+        # one intermediate value per window: the dashboard's curve of the trial
+        assert [t.intermediate_values[i] for i in range(len(a["windows"]))] == pytest.approx(
+            a["windows"], rel=1e-3
+        )
+        if t.state == TrialState.COMPLETE:
+            assert a["throughput"] == pytest.approx(t.value, rel=1e-6)
+            assert a["stop"] in ("converged", "cap")
+        else:  # pruned: stopped early with its partial numbers, clearly below the incumbent
+            assert a["stop"] == "pruned" and len(a["windows"]) < 6
     for t in trials:
         if t.state == TrialState.FAIL:
             assert t.user_attrs["reason"] in ("crash", "timeout", "illegal", "nan", "oom")
@@ -67,11 +77,19 @@ def test_profile_has_every_key_and_is_the_best_trial(finished_run):
     path = finished_run["home"] / "profiles" / f"{STUDY}.yaml"
     profile = Profile.load(path)
     study = load(finished_run)
-    assert profile.study["best_trial"] == study.best_trial.number
-    assert profile.measured["best_samples_per_s"] == pytest.approx(study.best_value, abs=0.01)
-    assert profile.measured["baseline_samples_per_s"] == pytest.approx(
-        study.trials[0].value, abs=0.01
-    )
+    validation = study.user_attrs.get("validation")
+    if validation is None:  # nothing measured above the baseline: the search's best as is
+        chosen = study.best_trial
+        assert profile.measured["best_samples_per_s"] == pytest.approx(chosen.value, abs=0.01)
+        assert profile.measured["baseline_samples_per_s"] == pytest.approx(
+            study.trials[0].value, abs=0.01
+        )
+        assert profile.measured["validation"] is None and profile.measured["note"]
+    else:  # the winner of the interleaved re-measurement
+        chosen = study.trials[validation["trials"][validation["winner"]]]
+        assert profile.measured["speedup"] == pytest.approx(validation["speedup"]["median"])
+        assert profile.measured["validation"]["order"] == validation["order"]
+    assert profile.study["best_trial"] == chosen.number
     assert profile.workload == {
         "trainer": "mlp",
         "options": {"width": 256, "layers": 4, "global_batch": 64},
@@ -80,7 +98,7 @@ def test_profile_has_every_key_and_is_the_best_trial(finished_run):
         "global_batch": 64,
     }
     assert profile.hardware["device"] == "cpu" and profile.hardware["node_count"] == 1
-    best_config = study.best_trial.user_attrs["config"]
+    best_config = chosen.user_attrs["config"]
     assert profile.ddp_kwargs == best_config["ddp"]
     assert profile.batch["micro_batch"] == best_config["micro_batch"]
 
