@@ -197,8 +197,9 @@ def run_rank(spec: RankSpec) -> dict[str, Any]:
             last = step()
             sync()
             step_times.append(slowest(time.perf_counter() - t))
-        if not math.isfinite(float(last)):  # before spending the windows on it
-            raise NonFiniteLoss(f"loss is {float(last)} after {len(step_times)} warm-up steps")
+            if len(step_times) >= m.min_warmup_steps and not math.isfinite(float(last)):
+                # before spending more warm-up or any window on it
+                raise NonFiniteLoss(f"loss is {float(last)} after {len(step_times)} warm-up steps")
         per_step = statistics.median(step_times[-m.settle_window :])
         steps = min(max(math.ceil(m.window_s / per_step), m.min_steps), m.max_steps)
         setup_s = time.perf_counter() - started
