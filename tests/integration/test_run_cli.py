@@ -237,7 +237,7 @@ def test_a_failing_configuration_is_recorded_and_the_study_goes_on(ray_address, 
         "ddp:\n  bucket_cap_mb: {type: float, low: 1, high: 100, log: true}\n"
         "precision:\n  precision: {type: categorical, choices: [fp32, bf16]}\n"
     )
-    p = autotune(run_env, "run", "--study", "quick", "--budget", "40s", "--seed", "1",
+    p = autotune(run_env, "run", "--study", "quick", "--budget", "60s", "--seed", "1",
                  "--space", str(space), "--trainer", "autotune_test_trainers:no_bf16",
                  "--address", ray_address, cwd=TESTS_DIR)  # fmt: skip
     trials = local_study(run_env, "quick-autotune_test_trainers.no_bf16-gloo-2r").trials
@@ -270,7 +270,8 @@ def test_kill_9_then_the_same_command_resumes_the_study(ray_address, run_env, tm
     name = "quick-autotune_test_trainers.tiny-gloo-2r"
     before = local_study(run_env, name).trials
     assert before[-1].state == TrialState.RUNNING  # what kill -9 leaves behind
-    complete = {t.number: t.value for t in before if t.state == TrialState.COMPLETE}
+    measured = (TrialState.COMPLETE, TrialState.PRUNED)  # pruned trials keep partial numbers
+    complete = {t.number: t.user_attrs["throughput"] for t in before if t.state in measured}
     assert len(complete) >= 2
     # Ray kills the actors of a dead driver: no rank process of the killed run is left.
     deadline = time.monotonic() + 60
@@ -284,7 +285,7 @@ def test_kill_9_then_the_same_command_resumes_the_study(ray_address, run_env, tm
     after = local_study(run_env, name).trials
     killed = after[before[-1].number]
     assert killed.state == TrialState.FAIL and killed.user_attrs["reason"] == "interrupted"
-    assert {t.number: t.value for t in after if t.number in complete} == complete
+    assert {t.number: t.user_attrs["throughput"] for t in after if t.number in complete} == complete
     assert [t.number for t in after if t.user_attrs.get("baseline")] == [0]
     assert not [t for t in after if t.state == TrialState.RUNNING]
     assert len(after) > len(before)

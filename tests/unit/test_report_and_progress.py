@@ -25,6 +25,10 @@ DISTS = {
     "static_graph": CategoricalDistribution([False, True]),
 }
 DEFAULTS = {"bucket_cap_mb": 25.0, "static_graph": False}
+WORKLOAD = {"trainer": "mlp", "options": {}, "world_size": 2, "backend": "gloo",
+            "global_batch": 64}  # fmt: skip
+HARDWARE = {"device": "cpu", "device_name": "cpu", "device_count": 2, "node_count": 1,
+            "torch": "2.13.0", "nccl": None}  # fmt: skip
 TARGET = Target(backend="gloo", device="cpu", world_size=2, global_batch=64, cpus_per_rank=1)
 
 
@@ -37,7 +41,7 @@ def config(params):
 def study_with(results, failures=(), directions=("maximize",)):
     """A study like autotune's: a baseline first, then COMPLETE and FAIL trials."""
     study = optuna.create_study(directions=list(directions))
-    study.set_user_attr(ATTR, {"workload": {"trainer": "mlp"}, "hardware": {"device": "cpu"}})
+    study.set_user_attr(ATTR, {"workload": WORKLOAD, "hardware": HARDWARE})
     base = results[0][1]
     for i, (params, value) in enumerate(results):
         attrs = {
