@@ -100,11 +100,11 @@ def test_a_terminal_gets_the_live_display_and_a_summary_table(ray_address, run_e
     env = {**run_env, "TERM": "xterm-256color"}
     env.pop("NO_COLOR", None)
     raw = run_on_a_terminal(
-        autotune_cmd("run", "--study", "quick", "--budget", "20s", "--address", ray_address), env
+        autotune_cmd("run", "--study", "quick", "--budget", "40s", "--address", ray_address), env
     )
     frames = ANSI.sub("", raw).replace("\r", "\n")
     # the budget bar redrawn as it fills, the counts as trials end, the trial that runs
-    spent = {int(s) for s in re.findall(r"budget .*━.* (\d+)s of 20s", frames)}
+    spent = {int(s) for s in re.findall(r"budget .*━.* (\d+)s of 40s", frames)}
     assert len(spent) >= 3 and max(spent) >= 10
     counts = {
         sum(map(int, m))  # trials ended so far, whatever their state
