@@ -275,16 +275,13 @@ def _print_summary(console: Any, summary: Any) -> None:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from autotune.tuner import export_profile
+    from autotune.tuner import export_profile, study_profile
 
     study = _load_study(_storage_url(args), args.study_name)
     if args.output:
         print(export_profile(study, args.output))
     else:
-        import tempfile
-
-        with tempfile.TemporaryDirectory() as tmp:
-            sys.stdout.write(export_profile(study, Path(tmp) / "p.yaml").read_text())
+        sys.stdout.write(study_profile(study).to_yaml())
     return 0
 
 

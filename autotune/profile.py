@@ -149,15 +149,21 @@ class Profile:
             )
         return cls(**{k: data[k] for k in _TOP})
 
+    def to_yaml(self, *, where: str = "profile") -> str:
+        """The profile as its file holds it, checked by the strict loader first: nothing is
+        written that ``load`` would refuse."""
+        mapping = self.to_mapping()
+        Profile.from_mapping(mapping, where=where)
+        return _HEADER + _yaml.dump(mapping)
+
     def to_mapping(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in _TOP}
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write atomically: a reader never sees half a profile, nor one ``load`` refuses."""
         p = Path(path)
-        Profile.from_mapping(self.to_mapping(), where=f"profile {p}")
+        text = self.to_yaml(where=f"profile {p}")
         p.parent.mkdir(parents=True, exist_ok=True)
-        text = _HEADER + _yaml.dump(self.to_mapping())
         fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w") as f:

@@ -351,11 +351,8 @@ def _html(report: Report) -> str:
 
 def _profile_note(study: optuna.Study) -> str | None:
     """The profile ``autotune export`` would write for the study, as YAML."""
-    import tempfile
-
-    from autotune.tuner import export_profile
+    from autotune.tuner import study_profile
 
     if not _complete(study) or len(study.directions) > 1:
         return None  # a multi-objective study exports its Pareto set, not one profile
-    with tempfile.TemporaryDirectory() as tmp:
-        return export_profile(study, Path(tmp) / "profile.yaml").read_text()
+    return study_profile(study).to_yaml()

@@ -47,7 +47,7 @@ from autotune.stats import Interval, choose, interleave
 from autotune.studydef import StudyDefinition
 from autotune.workload import load_workload
 
-__all__ = ["RunRequest", "RunSummary", "export_profile", "run"]
+__all__ = ["RunRequest", "RunSummary", "export_profile", "run", "study_profile"]
 
 #: Timeout of the baseline trial when none is set (later trials derive theirs from it).
 BASELINE_TIMEOUT_S = 300.0
@@ -604,13 +604,25 @@ def _short(v: Any) -> str:
 def export_profile(
     study: optuna.Study, path: Path, *, budget_s: float | None = None, note: bool = False
 ) -> Path:
-    """Write the profile of ``study``'s best COMPLETE trial to ``path``; with ``note``, also
-    put it in the study's optuna-dashboard note."""
+    """Write ``study``'s profile (``study_profile``) to ``path``; with ``note``, also put it
+    in the study's optuna-dashboard note."""
+    profile = study_profile(study, budget_s=budget_s)
+    saved = profile.save(path)
+    if note:
+        from optuna_dashboard import save_note
+
+        text = profile.to_yaml()
+        save_note(study, f"## Exported profile\n\n`{saved}`\n\n```yaml\n{text}```\n")
+    return saved
+
+
+def study_profile(study: optuna.Study, *, budget_s: float | None = None) -> Profile:
+    """The profile of ``study``: the re-validation's winner when there is one, else the best
+    COMPLETE trial, with the evidence in ``measured``."""
     record = study.user_attrs.get(ATTR)
     if not record:
         raise ConfigError(f"--study-name {study.study_name}: not an autotune study")
-    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    if not complete:
+    if not _complete(study):
         raise ConfigError(
             f"--study-name {study.study_name}: no COMPLETE trial to export yet; run it first"
         )
@@ -670,7 +682,7 @@ def export_profile(
                 "not re-validated: the speedup is the search's best single trial, biased "
                 "upwards; run with --validate-top 3 for an interval"
             )
-    profile = Profile.from_config(
+    return Profile.from_config(
         TrialConfig.from_dict(best.user_attrs["config"]),
         study={
             "name": study.study_name,
@@ -681,9 +693,3 @@ def export_profile(
         hardware=record["hardware"],
         measured=measured,
     )
-    saved = profile.save(path)
-    if note:
-        from optuna_dashboard import save_note
-
-        save_note(study, f"## Exported profile\n\n`{saved}`\n\n```yaml\n{saved.read_text()}```\n")
-    return saved
