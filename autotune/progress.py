@@ -19,7 +19,7 @@ from rich.text import Text
 
 from autotune.durations import format_duration
 
-__all__ = ["RunView", "summary_table"]
+__all__ = ["RunView", "changed_settings", "failure_line", "summary_table"]
 
 
 class _Live(Progress):
@@ -125,28 +125,31 @@ def summary_table(study: Any, *, top: int = 5) -> Table:
     table.add_column("speedup", justify="right")
     table.add_column("settings that differ from the defaults")
     for t in ranked:
-        changed = {k: v for k, v in t.params.items() if base is None or base.params.get(k) != v}
         is_base = base is not None and t.number == base.number
         table.add_row(
             f"{t.number}{' (baseline)' if is_base else ''}",
             f"{t.value:.1f}",
             f"{t.user_attrs.get('speedup', float('nan')):.2f}x",
-            "defaults" if not changed else " ".join(f"{k}={_short(v)}" for k, v in changed.items()),
+            changed_settings(t.params, None if base is None else base.params),
         )
     return table
 
 
 def failure_line(study: Any) -> str | None:
     """``failed: 3 timeout, 1 crash`` or None when nothing failed."""
-    from optuna.trial import TrialState
+    from autotune.tuner import failure_reasons
 
-    reasons = Counter(
-        t.user_attrs.get("reason", "unknown")
-        for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-    )
+    reasons = failure_reasons(study)
     if not reasons:
         return None
     return "Failed     " + ", ".join(f"{n} {r}" for r, n in reasons.most_common())
+
+
+def changed_settings(params: dict[str, Any], reference: dict[str, Any] | None) -> str:
+    """The settings of ``params`` that differ from ``reference`` (None: all of them) as
+    ``k=v`` words, or ``defaults``."""
+    changed = {k: v for k, v in params.items() if reference is None or reference.get(k) != v}
+    return " ".join(f"{k}={_short(v)}" for k, v in changed.items()) or "defaults"
 
 
 def _short(v: Any) -> str:

@@ -23,6 +23,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.tuner import _complete, failure_reasons
+
 __all__ = ["Figure", "Report", "build", "write"]
 
 #: How many of the best trials the page lists.
@@ -48,17 +50,6 @@ class Report:
 
 def _speedup(t: FrozenTrial) -> float:
     return float(t.user_attrs.get("speedup", float("nan")))
-
-
-def _complete(study: optuna.Study) -> list[FrozenTrial]:
-    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-
-
-def _failures(study: optuna.Study) -> Counter[str]:
-    return Counter(
-        t.user_attrs.get("reason", "unknown")
-        for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-    )
 
 
 def _objective_name(study: optuna.Study, i: int = 0) -> str:
@@ -174,7 +165,7 @@ def build(study: optuna.Study) -> Report:
             )
             _retitle(fig)
             report.figures.append(fig)
-    failures = _failures(study)
+    failures = failure_reasons(study)
     if failures:
         pf, mf = _failure_figures(failures)
         report.figures.append(Figure("failures", "Failed trials by reason", pf, mf))

@@ -26,6 +26,7 @@ import socket
 import statistics
 import time
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,9 +39,9 @@ from autotune.config import TrialConfig
 from autotune.durations import format_duration
 from autotune.errors import BaselineFailed, ClusterLost, ConfigError, TrialFailed
 from autotune.knobs import Target
-from autotune.launcher import TrialRunner, connect
+from autotune.launcher import TrialResult, TrialRunner, connect
 from autotune.profile import Profile
-from autotune.progress import RunView
+from autotune.progress import RunView, changed_settings
 from autotune.samplers import make_sampler
 from autotune.space import ResolvedSpace, SearchSpace
 from autotune.stats import Interval, choose, interleave
@@ -344,6 +345,22 @@ class _Loop:
             return BASELINE_TIMEOUT_S
         return max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * base.user_attrs["wall_s"])
 
+    def _measure(
+        self, number: int, config: TrialConfig, incumbent: Interval | None = None
+    ) -> TrialResult:
+        """One real run of ``config`` with this study's workload and measurement settings."""
+        return self.runner.run(
+            trial=number,
+            trainer=self.d.trainer,
+            trainer_options=dict(self.d.trainer_options),
+            config=config,
+            measure=self.d.measure,
+            seed=self.d.seed or 0,
+            timeout_s=self.trial_timeout(),
+            max_memory_mb=self.d.max_memory_mb,
+            incumbent=incumbent,
+        )
+
     def between_trials(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         """Stop before a trial that the budget left cannot hold; raise ClusterLost before one
         the cluster has no room for (so no trial is asked for in vain)."""
@@ -374,16 +391,8 @@ class _Loop:
             illegal = self.space.illegal(values)
             if illegal:
                 raise TrialFailed("illegal", illegal)
-            result = self.runner.run(
-                trial=trial.number,
-                trainer=self.d.trainer,
-                trainer_options=dict(self.d.trainer_options),
-                config=config,
-                measure=self.d.measure,
-                seed=self.d.seed or 0,
-                timeout_s=self.trial_timeout(),
-                max_memory_mb=self.d.max_memory_mb,
-                incumbent=None if is_baseline else _incumbent(self.study),
+            result = self._measure(
+                trial.number, config, None if is_baseline else _incumbent(self.study)
             )
         except KeyboardInterrupt:
             # Optuna records the trial FAIL and re-raises; the runner has killed its ranks.
@@ -471,16 +480,8 @@ class _Loop:
             if self.view is not None:
                 self.view.trial_started(f"re-validating {key}", self._changed(trials[key].params))
             try:
-                result = self.runner.run(
-                    trial=trials[key].number,
-                    trainer=self.d.trainer,
-                    trainer_options=dict(self.d.trainer_options),
-                    config=TrialConfig.from_dict(trials[key].user_attrs["config"]),
-                    measure=self.d.measure,
-                    seed=self.d.seed or 0,
-                    timeout_s=self.trial_timeout(),
-                    max_memory_mb=self.d.max_memory_mb,
-                )
+                config = TrialConfig.from_dict(trials[key].user_attrs["config"])
+                result = self._measure(trials[key].number, config)
             except TrialFailed as e:
                 failed[key] = f"{e.reason}: {e.detail}"
                 _print(self.view, f"  {key:>10} [red]FAIL[/] {failed[key]}")
@@ -554,9 +555,7 @@ class _Loop:
 
     def _changed(self, params: dict[str, Any]) -> str:
         """The settings of ``params`` that differ from the defaults, as ``k=v`` words."""
-        defaults = self.space.defaults()
-        changed = {k: v for k, v in params.items() if v != defaults.get(k)}
-        return " ".join(f"{k}={_short(v)}" for k, v in changed.items()) or "defaults"
+        return changed_settings(params, self.space.defaults())
 
 
 def _validation_plan(
@@ -597,8 +596,12 @@ def _tag(trial: optuna.Trial) -> str:
     return "baseline" if trial.user_attrs.get("baseline") else f"trial {trial.number}"
 
 
-def _short(v: Any) -> str:
-    return f"{v:.3g}" if isinstance(v, float) else str(v)
+def failure_reasons(study: optuna.Study) -> Counter[str]:
+    """How many FAIL trials ended with each reason."""
+    return Counter(
+        t.user_attrs.get("reason", "unknown")
+        for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+    )
 
 
 def export_profile(
