@@ -21,6 +21,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from autotune.config import MeasureSettings, TrialConfig
@@ -169,7 +170,7 @@ class TrialResult:
         holds the same list)."""
         return self.ranks[0]["windows"]
 
-    @property
+    @cached_property
     def interval(self) -> Interval:
         """Median of the windows with its 95 % interval."""
         return median_ci(self.windows)
