@@ -1,6 +1,6 @@
 """One-off: per-trial overhead of the default CPU workload, warm pool vs fresh processes.
 
-Run from /work/main:  .venv/bin/python /tmp/pool_measure/measure_pool.py
+Run from the repository root:  .venv/bin/python bench/pool_overhead_wip.py
 """
 
 import statistics
