@@ -4,14 +4,20 @@
   cluster (``auto`` or ``HOST:PORT``).
 * ``TrialRunner`` reserves one placement group with a bundle per rank for the whole run, so
   every trial's ranks land where the first trial's did and no trial waits on scheduling.
-* Each trial starts fresh rank actors in those bundles. The trial's environment (``NCCL_*``,
-  ``OMP_NUM_THREADS``) is the actors' ``runtime_env``: Ray starts a new process with it, so the
-  values are in the process before the process group exists, and NCCL, which reads its
-  variables once per process, sees them. (Ray Train's TorchTrainer creates the process group
-  before user code runs and costs 11-16 s per trial here; plain actors avoid both.)
+* The rank actors are a warm pool: a trial whose environment (``config.env``: ``NCCL_*``,
+  ``OMP_NUM_THREADS``) equals the previous trial's runs in the previous trial's processes, which
+  saves process start, imports and first-use costs (``TrialRunner(reuse=False)`` turns this
+  off). Everything else a trial sets (DDP kwargs, hook, precision, torch threads, DataLoader)
+  is applied per trial inside ``run_rank``, which leaves nothing behind in the process.
+* A trial with another environment gets fresh actors: the environment is their
+  ``runtime_env``, so Ray starts new processes with the values in place before any process
+  group exists, and NCCL, which reads its variables once per process, sees them. (Ray Train's
+  TorchTrainer creates the process group before user code runs and costs 11-16 s per trial
+  here; plain actors avoid both.)
 * The driver waits for the ranks with a deadline. A rank that raises fails the trial with its
-  first error line; a rank that hangs fails it with ``timeout``; either way every actor of the
-  trial is killed before the next trial starts.
+  first error line; a rank that hangs fails it with ``timeout``. After any failure (and on
+  ``close``) every actor of the trial is killed, so the next trial starts fresh ones; a pool
+  whose actors do not answer a short liveness check is replaced the same way.
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ PLACEMENT_TIMEOUT_S = 60.0
 ROOT_CAUSE_WAIT_S = 3.0
 #: How long a trial waits for the placement group to be placed again after a node was lost.
 REPLACEMENT_TIMEOUT_S = 30.0
-
+#: How long the pooled actors may take to answer before the pool is replaced by fresh ones.
+POOL_CHECK_TIMEOUT_S = 5.0
 
 #: Seconds to wait for a TCP answer from a given cluster address before giving up.
 REACH_TIMEOUT_S = 5.0
@@ -136,7 +143,8 @@ def _free_port() -> tuple[str, int]:
 
 
 class RankActor:
-    """One DDP rank: a fresh process per trial. Wrapped with ``ray.remote`` in TrialRunner."""
+    """One DDP rank's process, kept for the following trials of the same environment.
+    Wrapped with ``ray.remote`` in TrialRunner."""
 
     def __init__(self, env_keys: list[str]) -> None:
         import torch.distributed as dist
@@ -144,14 +152,30 @@ class RankActor:
         # Taken when the process starts, before any process group: what NCCL would read.
         self.env_at_start = {k: os.environ.get(k) for k in env_keys}
         self.pg_at_start = dist.is_available() and dist.is_initialized()
+        self.trials = 0
+        self._store: Any = None
 
-    def address(self) -> tuple[str, int]:
-        return _free_port()
+    def address(self, serve: bool = False) -> tuple[str, int]:
+        """A free port on this node; also the pool's liveness check. With ``serve`` (rank 0),
+        the next process group's store is started and listens there from now on: a rank that
+        connects before the store listens backs off for 0.3-0.6 s (torch's retry)."""
+        if not serve:
+            return _free_port()
+        import ray
+        import torch.distributed as dist
+
+        ip = ray.util.get_node_ip_address()
+        self._store = dist.TCPStore(ip, 0, is_master=True, wait_for_workers=False)
+        return ip, self._store.port
 
     def run(self, spec: RankSpec) -> dict[str, Any]:
-        out = run_rank(spec)
+        self.trials += 1
+        store, self._store = self._store, None  # each store serves one process group
+        out = run_rank(spec, store)
         out["env_at_start"] = self.env_at_start
         out["pg_at_start"] = self.pg_at_start
+        out["process_trials"] = self.trials  # trials this process has run, this one included
+        out["reused"] = self.trials > 1
         return out
 
 
@@ -197,8 +221,8 @@ class TrialResult:
 
     @property
     def overhead_s(self) -> float:
-        """Seconds outside timed windows: process start, imports, process group, model,
-        warm-up, and the result's way back."""
+        """Seconds outside timed windows: process start and imports (fresh ranks only),
+        process group, model, warm-up, and the result's way back."""
         return max(0.0, self.wall_s - self.window_s)
 
 
@@ -239,7 +263,11 @@ def _failure(rank: int, err: BaseException) -> TrialFailed:
 
 
 class TrialRunner:
-    """Runs trials of ``world_size`` ranks, one at a time, in one placement group."""
+    """Runs trials of ``world_size`` ranks, one at a time, in one placement group.
+
+    ``reuse=False`` starts fresh rank processes for every trial (the behaviour before the
+    pool; useful to compare overheads).
+    """
 
     def __init__(
         self,
@@ -248,10 +276,14 @@ class TrialRunner:
         backend: str,
         cpus_per_rank: float = 1,
         strategy: str = "PACK",
+        reuse: bool = True,
     ) -> None:
         import ray
         from ray.util.placement_group import placement_group
 
+        self.reuse = reuse
+        self._pool: list[Any] = []  # the rank actors of the last successful trial, by rank
+        self._pool_env: dict[str, str] | None = None  # the environment they were started with
         self.world_size = world_size
         self.backend = backend
         self.gpus_per_rank = 1 if backend == "nccl" else 0
@@ -283,6 +315,7 @@ class TrialRunner:
         import ray
         from ray.util import placement_group_table
 
+        self._drop_pool()  # pooled actors hold the bundles' CPUs: the probe would never start
         info = ray.get(
             self._probe_fn.options(
                 num_cpus=self.cpus_per_rank,
@@ -314,24 +347,10 @@ class TrialRunner:
         self.ensure_placed()
         started = time.monotonic()
         deadline = started + timeout_s
-        actors = [
-            self._actor_cls.options(
-                num_cpus=self.cpus_per_rank,
-                num_gpus=self.gpus_per_rank,
-                scheduling_strategy=self._strategy(i),
-                runtime_env={"env_vars": dict(config.env)},
-            ).remote(sorted(config.env))
-            for i in range(self.world_size)
-        ]
+        keep = False
         try:
-            try:
-                addr, port = ray.get(actors[0].address.remote(), timeout=timeout_s)
-            except rex.GetTimeoutError:
-                raise TrialFailed(
-                    "timeout", f"rank processes did not start in {timeout_s:.0f}s"
-                ) from None
-            except rex.RayError as e:
-                raise _failure(0, e) from None
+            addr, port = self._ranks(config.env, timeout_s)
+            actors = self._pool
             refs = {
                 actors[i].run.remote(
                     RankSpec(
@@ -367,11 +386,55 @@ class TrialRunner:
                     results.append(ray.get(done[0]))
                 except rex.RayError as e:
                     raise self._root_cause(_failure(refs[done[0]], e), pending, refs) from None
+            keep = self.reuse
         finally:
-            for a in actors:
-                ray.kill(a, no_restart=True)
+            # Any failure (crash, timeout, nan, oom, node lost, Ctrl-C) kills every rank, and
+            # with them their DataLoader workers: a failed trial's processes are never reused.
+            if not keep:
+                self._drop_pool()
         results.sort(key=lambda r: r["rank"])
         return TrialResult(ranks=results, wall_s=time.monotonic() - started)
+
+    def _ranks(self, env: dict[str, str], timeout_s: float) -> tuple[str, int]:
+        """Make ``self._pool`` the trial's rank actors; return rank 0's address for the process
+        group (a new port every trial). The pool serves when it was started with ``env`` and
+        every actor answers at once; otherwise it is killed and fresh actors are started."""
+        import ray
+        import ray.exceptions as rex
+
+        if self._pool and self._pool_env == env:
+            try:
+                pings = [a.address.remote(serve=i == 0) for i, a in enumerate(self._pool)]
+                return ray.get(pings, timeout=POOL_CHECK_TIMEOUT_S)[0]
+            except rex.RayError as e:  # a dead or stuck actor: never fail the trial for it
+                log.info("rank pool failed its liveness check (%s); starting fresh ranks", e)
+        self._drop_pool()
+        self._pool = [
+            self._actor_cls.options(
+                num_cpus=self.cpus_per_rank,
+                num_gpus=self.gpus_per_rank,
+                scheduling_strategy=self._strategy(i),
+                runtime_env={"env_vars": dict(env)},
+            ).remote(sorted(env))
+            for i in range(self.world_size)
+        ]
+        self._pool_env = dict(env)
+        try:
+            return ray.get(self._pool[0].address.remote(serve=True), timeout=timeout_s)
+        except rex.GetTimeoutError:
+            raise TrialFailed(
+                "timeout", f"rank processes did not start in {timeout_s:.0f}s"
+            ) from None
+        except rex.RayError as e:
+            raise _failure(0, e) from None
+
+    def _drop_pool(self) -> None:
+        """Kill the pooled rank actors (their processes and DataLoader workers go with them)."""
+        import ray
+
+        for a in self._pool:
+            ray.kill(a, no_restart=True)
+        self._pool, self._pool_env = [], None
 
     @staticmethod
     def _root_cause(first: TrialFailed, pending: list[Any], refs: dict[Any, int]) -> TrialFailed:
@@ -413,4 +476,5 @@ class TrialRunner:
         import ray
 
         if ray.is_initialized():
+            self._drop_pool()
             ray.util.remove_placement_group(self.pg)

@@ -10,10 +10,21 @@ gives every rank, so all ranks decide alike.
 
 Environment variables (``NCCL_*``, ``OMP_NUM_THREADS``) are not set here: Ray puts them in the
 process when it starts it, before this function and so before the process group exists.
+
+A process runs several trials in a row when their environments are equal (the launcher's
+pool), so ``run_rank`` is re-entrant: it sets every per-trial setting (threads, TF32 flags)
+rather than relying on defaults, builds a new process group (new port) and everything on it,
+and on return has destroyed the process group (its object is freed when the next trial starts,
+see ``_LAST_GROUP``) and collected the model, optimizer and DataLoader, whose worker processes
+are gone with it. Peak memory is the trial's own: the maximum RSS sampled after each forward
+pass and optimizer step, not the process's lifetime peak.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
 import math
 import os
 import resource
@@ -39,9 +50,14 @@ class MemoryLimitExceeded(MemoryError):
     """The rank's peak resident memory went over ``--max-memory``."""
 
 
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far, in MiB (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def rss_mb() -> float:
+    """Resident memory of this process now, in MiB (``/proc/self/statm``). Where there is no
+    ``/proc``, the lifetime peak instead (Linux reports KiB): never lower than the truth."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,9 +77,27 @@ class RankSpec:
     seed: int = 0
     timeout_s: float = 300.0
     max_memory_mb: float | None = None
-    """Host memory limit per rank (peak RSS); over it the trial fails with ``oom``."""
+    """Host memory limit per rank (the trial's peak RSS); over it the trial fails with ``oom``
+    (checked after each optimizer step)."""
     incumbent: dict[str, Any] | None = None
     """The best trial's throughput interval (``Interval.to_dict``): prune below it."""
+
+
+#: The process's own TF32 flags (matmul, cuDNN), restored for trials that do not ask for TF32.
+_TF32_DEFAULTS: tuple[bool, bool] | None = None
+
+
+def _set_tf32(on: bool) -> None:
+    """TF32 on for this trial, or back to the process's defaults: a pooled process must not
+    keep an earlier trial's flags."""
+    import torch
+
+    global _TF32_DEFAULTS
+    if _TF32_DEFAULTS is None:
+        _TF32_DEFAULTS = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    matmul, cudnn = (True, True) if on else _TF32_DEFAULTS
+    torch.backends.cuda.matmul.allow_tf32 = matmul
+    torch.backends.cudnn.allow_tf32 = cudnn
 
 
 def _autocast_dtype(precision: str) -> Any:
@@ -102,8 +136,38 @@ def _batches(loader: Any, sampler: Any) -> Iterator[Any]:
         epoch += 1
 
 
-def run_rank(spec: RankSpec) -> dict[str, Any]:
-    """Run one rank of a trial and return its measurement."""
+#: The last trial's process group, kept alive until the next trial starts. Gloo's worker
+#: threads may still be freeing the last collective's tensors (which takes the GIL) when a
+#: trial returns; a ProcessGroupGloo freed at that moment from Python, GIL held, joins those
+#: threads and deadlocks (seen on this machine under load). Between trials the process idles
+#: with the GIL free, so the threads are done by the time the next trial lets the group go.
+_LAST_GROUP: list[Any] = []
+
+
+def run_rank(spec: RankSpec, store: Any = None) -> dict[str, Any]:
+    """Run one rank of a trial and return its measurement; leave the process as clean as the
+    trial found it (see module doc). ``store``: rank 0's ``TCPStore``, already listening at
+    ``master_port`` (others connect to it; without one, rank 0 starts it here)."""
+    _LAST_GROUP.clear()
+    # What lives now (torch, Ray, the trainer module, caches) outlives every trial: frozen, the
+    # collection below only scans what this trial makes (a full one costs 0.1-0.2 s).
+    gc.freeze()
+    try:
+        return _run_rank(spec, store)
+    finally:
+        # _run_rank's frame is gone: collect its cycles (DDP, autograd graph, the DataLoader
+        # iterator, whose finaliser stops and joins the worker processes), give cached CUDA
+        # blocks and glibc's free heap back, so the next trial starts from a low RSS.
+        gc.collect()
+        if spec.backend == "nccl":
+            import torch
+
+            torch.cuda.empty_cache()
+        with contextlib.suppress(OSError, AttributeError):  # AttributeError: not glibc
+            ctypes.CDLL(None).malloc_trim(0)
+
+
+def _run_rank(spec: RankSpec, store: Any) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -119,21 +183,27 @@ def run_rank(spec: RankSpec) -> dict[str, Any]:
     if cuda:
         torch.cuda.set_device(device)
         torch.cuda.reset_peak_memory_stats(device)
-    if cfg.precision == "tf32":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    _set_tf32(cfg.precision == "tf32")
 
     def sync() -> None:
         if cuda:
             torch.cuda.synchronize(device)
 
+    timeout = timedelta(seconds=spec.timeout_s)
+    if store is None:  # ranks > 0 connect to rank 0's store (see RankActor.address)
+        store = dist.TCPStore(
+            spec.master_addr,
+            spec.master_port,
+            spec.world_size,
+            is_master=spec.rank == 0,
+            timeout=timeout,
+            wait_for_workers=False,
+        )
+    store.set_timeout(timeout)
     dist.init_process_group(
-        spec.backend,
-        init_method=f"tcp://{spec.master_addr}:{spec.master_port}",
-        rank=spec.rank,
-        world_size=spec.world_size,
-        timeout=timedelta(seconds=spec.timeout_s),
+        spec.backend, store=store, rank=spec.rank, world_size=spec.world_size, timeout=timeout
     )
+    _LAST_GROUP.append(dist.group.WORLD)
     try:
         wl = load_workload(spec.trainer, spec.trainer_options)
         torch.manual_seed(spec.seed)
@@ -155,8 +225,10 @@ def run_rank(spec: RankSpec) -> dict[str, Any]:
         dtype = _autocast_dtype(cfg.precision)
         scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
         accum = cfg.accumulation_steps
+        peak_rss = 0.0  # this trial's peak RSS (MiB), sampled where memory use peaks
 
         def step() -> torch.Tensor:
+            nonlocal peak_rss
             total = torch.zeros((), device=device)
             for micro in range(accum):
                 x, y = next(batches)
@@ -166,14 +238,16 @@ def run_rank(spec: RankSpec) -> dict[str, Any]:
                 with ddp.no_sync() if micro < accum - 1 else nullcontext():
                     with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                         loss = wl.loss(ddp(x), y) / accum
+                    peak_rss = max(peak_rss, rss_mb())  # activations held for the backward
                     scaler.scale(loss).backward()
                 total += loss.detach().float()
             scaler.step(optimizer)
             scaler.update()
+            peak_rss = max(peak_rss, rss_mb())  # params, grads and optimizer state, all alive
             optimizer.zero_grad(set_to_none=True)
-            if spec.max_memory_mb is not None and peak_rss_mb() > spec.max_memory_mb:
+            if spec.max_memory_mb is not None and peak_rss > spec.max_memory_mb:
                 raise MemoryLimitExceeded(
-                    f"peak host memory {peak_rss_mb():.0f} MiB is over --max-memory "
+                    f"peak host memory {peak_rss:.0f} MiB is over --max-memory "
                     f"{spec.max_memory_mb:.0f} MiB"
                 )
             return total
@@ -189,6 +263,7 @@ def run_rank(spec: RankSpec) -> dict[str, Any]:
 
         # Warm-up: until the slowest rank's step time settles (autotune.stats.SettleRule).
         settle = m.settle_rule()
+        warmup_started = time.perf_counter()
         step_times: list[float] = []
         last = torch.zeros(())
         while settle.settled_at(step_times) is None:
@@ -202,7 +277,8 @@ def run_rank(spec: RankSpec) -> dict[str, Any]:
                 raise NonFiniteLoss(f"loss is {float(last)} after {len(step_times)} warm-up steps")
         per_step = statistics.median(step_times[-m.settle_window :])
         steps = min(max(math.ceil(m.window_s / per_step), m.min_steps), m.max_steps)
-        setup_s = time.perf_counter() - started
+        measure_started = time.perf_counter()
+        setup_s = measure_started - started  # process group, model, DDP, loader, warm-up
 
         # Timed windows until the interval is narrow enough, the cap, or a clear loser.
         stop_rule, prune_rule = m.stop_rule(), m.prune_rule()
@@ -230,7 +306,7 @@ def run_rank(spec: RankSpec) -> dict[str, Any]:
         loss = float(torch.stack(losses).mean())
         if not math.isfinite(loss):
             raise NonFiniteLoss(f"loss is {loss} after {len(losses)} measured steps")
-        peak_mb = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else peak_rss_mb()
+        peak_mb = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else peak_rss
         logged = ddp._get_ddp_logging_data()
         applied = {  # read back from the live objects, not from the spec
             "bucket_cap_mb": ddp.bucket_bytes_cap / 2**20,
@@ -256,6 +332,8 @@ def run_rank(spec: RankSpec) -> dict[str, Any]:
             "warmup_steps": len(step_times),
             "stop": stop,
             "setup_s": setup_s,
+            "warmup_s": measure_started - warmup_started,
+            "measure_s": time.perf_counter() - measure_started,  # windows and the gaps between
             "loss": loss,
             "peak_memory_mb": round(peak_mb, 1),
         }
