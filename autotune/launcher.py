@@ -403,11 +403,21 @@ class TrialRunner:
         import ray.exceptions as rex
 
         if self._pool and self._pool_env == env:
+            pings = [a.address.remote(serve=i == 0) for i, a in enumerate(self._pool)]
+            until = time.monotonic() + POOL_CHECK_TIMEOUT_S
+            answers: list[tuple[str, int]] = []
             try:
-                pings = [a.address.remote(serve=i == 0) for i, a in enumerate(self._pool)]
-                return ray.get(pings, timeout=POOL_CHECK_TIMEOUT_S)[0]
-            except rex.RayError as e:  # a dead or stuck actor: never fail the trial for it
-                log.info("rank pool failed its liveness check (%s); starting fresh ranks", e)
+                for ping in pings:
+                    answers.append(ray.get(ping, timeout=max(until - time.monotonic(), 0)))
+                return answers[0]
+            except rex.GetTimeoutError:  # a stuck actor: never fail the trial for it
+                log.info("rank %d of the pool did not answer; starting fresh ranks", len(answers))
+            except rex.RayError as e:
+                died = _failure(len(answers), e)
+                if died.reason == "node_lost":  # no fresh rank could be placed there either
+                    self._drop_pool()
+                    raise died from None
+                log.info("pool rank gone (%s); starting fresh ranks", died.detail)
         self._drop_pool()
         self._pool = [
             self._actor_cls.options(
