@@ -473,6 +473,7 @@ class _Loop:
         )
         runs: dict[str, list[float]] = {k: [] for k in keys}
         failed: dict[str, str] = {}
+        timed_s = 0.0  # seconds inside timed windows, for the budget's efficiency
         trials = {"baseline": base, **candidates}
         for key in order:
             if key in failed:
@@ -491,6 +492,7 @@ class _Loop:
                 runs.pop(key)
                 continue
             runs[key].append(result.throughput)
+            timed_s += result.window_s
             ci = result.interval
             _print(
                 self.view,
@@ -507,6 +509,7 @@ class _Loop:
             "order": order,
             "measurements": {k: [round(x, 2) for x in xs] for k, xs in runs.items()},
             "failed": failed,
+            "timed_s": round(timed_s, 3),
             "after_trial": max(t.number for t in self.study.get_trials(deepcopy=False)),
         }
         self.study.set_user_attr("validation", record)
