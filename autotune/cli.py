@@ -181,9 +181,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from autotune.tuner import RunRequest, run
 
     d = StudyDefinition.load(args.study)
-    options = {**d.trainer_options, **_trainer_options(args.trainer_option)}
-    if args.trainer and args.trainer != d.trainer and not args.trainer_option:
-        options = {}  # the definition's options belong to its own trainer
+    options = _trainer_options(args.trainer_option)
+    if not args.trainer or args.trainer == d.trainer:
+        options = {**d.trainer_options, **options}  # else they belong to the other trainer
     d = d.override(
         space=args.space,
         budget_s=None if args.budget is None else parse_duration(args.budget),

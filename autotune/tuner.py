@@ -146,6 +146,7 @@ def run(req: RunRequest, view: RunView | None = None) -> RunSummary:
         study = _open_study(name, storage_url, d, resolved, workload.global_batch, hw, view)
         profile_path = req.profile_path or req.run_dir / "profiles" / f"{name}.yaml"
         loop = _Loop(study=study, runner=runner, space=resolved, definition=d, view=view)
+        loop.tokens_per_sample = workload.tokens_per_sample
         summary = RunSummary(study_name=name, storage_url=storage_url, profile_path=None)
         # 5. Trials until the budget is spent.
         try:
@@ -320,6 +321,7 @@ class _Loop:
         view: RunView | None,
     ) -> None:
         self.study, self.runner, self.space, self.d = study, runner, space, definition
+        self.tokens_per_sample: int | None = None  # language models: tokens/s recorded too
         self.view = view
         self.started = time.monotonic()
         self.walls: list[float] = []
@@ -430,8 +432,14 @@ class _Loop:
             "window_s": round(result.window_s, 3),
             "wall_s": round(result.wall_s, 3),
             "overhead_s": round(result.overhead_s, 3),
+            # where the overhead went, on the slowest rank: warm-up steps, and the rest before
+            # them (process group, model, DDP, DataLoader; process start when fresh)
+            "warmup_s": round(max(r["warmup_s"] for r in ranks), 3),
+            "init_s": round(max(r["setup_s"] - r["warmup_s"] for r in ranks), 3),
             "loss": ranks[0]["loss"],
         }
+        if self.tokens_per_sample:
+            attrs["tokens_per_s"] = round(result.throughput * self.tokens_per_sample, 1)
         for k, v in attrs.items():
             trial.set_user_attr(k, v)
         for i, w in enumerate(result.windows):

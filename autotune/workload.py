@@ -43,6 +43,8 @@ class Workload:
     """``optimizer(parameters)`` -> ``torch.optim.Optimizer``."""
     global_batch: int
     """Samples per optimizer step summed over ranks; kept fixed for every trial."""
+    tokens_per_sample: int | None = None
+    """Tokens in one sample, for language models: trials then record ``tokens_per_s`` too."""
     description: str = ""
     """One line for ``autotune trainers``."""
 
@@ -107,4 +109,9 @@ def load_workload(ref: str, options: Mapping[str, Any] | None = None) -> Workloa
         or (wl.global_batch < 1)
     ):
         raise ConfigError(f"--trainer {ref}: Workload.global_batch must be a positive integer")
+    tps = wl.tokens_per_sample
+    if tps is not None and (isinstance(tps, bool) or not isinstance(tps, int) or tps < 1):
+        raise ConfigError(
+            f"--trainer {ref}: Workload.tokens_per_sample must be a positive integer or None"
+        )
     return wl

@@ -1,8 +1,9 @@
 """Side-by-side benchmark: PyTorch defaults, the hand recipe, random search, this tuner and an
 exhaustive grid (the oracle), on one workload, at one budget, in one invocation.
 
-    python bench/side_by_side.py --budget 10m --seeds 5          # the issue's setting
-    python bench/side_by_side.py --budget 3m --seeds 5           # what the README quotes
+    python bench/side_by_side.py --budget 10m --seeds 5           # the issue's setting
+    python bench/side_by_side.py --budget 3m --seeds 5            # the README's figures
+    python bench/side_by_side.py --analyse bench/results/raw.json # the analysis again
 
 What it does, in order (one local Ray instance for all of it):
 
@@ -10,19 +11,21 @@ What it does, in order (one local Ray instance for all of it):
    Optuna's RandomSampler, at the same budget, same study definition, same measurement
    protocol, pruning and re-validation. Each exports its profile.
 2. The oracle: Optuna's GridSampler over every point of a reduced space
-   (``bench/oracle_space.yaml``: bucket size, gradient_as_bucket_view, fp16 hook, micro-batch),
-   with its own re-validation; its profile is the best grid point.
+   (``bench/oracle_space.yaml``: bucket size, gradient_as_bucket_view, static_graph,
+   micro-batch, bf16 autocast). The oracle's candidates are its exported profile and its three
+   best distinct grid points; the oracle is whichever of them re-measures best in step 4 (the
+   maximum of a few noisy values, so if anything too high: a harder bar for the tuner).
 3. The hand recipe from the seed articles, mapped onto the workload: bucket 100 MB, fp16
    compression hook, AMP (bf16 on a CPU, where fp16 autocast is not a setting; fp16 on a GPU),
-   4 DataLoader workers, accumulation 4 at the same global batch.
-4. Every contender's configuration (defaults, recipe, oracle, each run's exported profile) is
-   measured again, interleaved (Williams design), ``--rounds`` rounds, by the same runner. Ratios
-   against the defaults and against the oracle are paired by round, with 95 % intervals
-   (``autotune.stats.speedup_ci``). Identical configurations are measured once.
+   4 DataLoader workers (pinned memory on a GPU), accumulation 4 at the same global batch.
+4. Every contender's configuration is measured again, interleaved (Williams design),
+   ``--rounds`` rounds, by one runner, after one discarded run that warms its processes.
+   Identical configurations are measured once. Ratios against the defaults and against the
+   oracle are paired by round, with 95 % intervals (``autotune.stats.speedup_ci``).
 
-Printed and saved under ``--out``: ``contenders.csv`` (one row per contender), ``runs.csv``
-(one row per tuning run: trials, overhead, budget efficiency, exported vs re-measured
-speedup), ``results.json`` (everything, raw samples included) and ``ratios.png``.
+Written under ``--out``: ``raw.json`` (after every step: everything measured, so a crash or
+Ctrl-C loses nothing done), then ``contenders.csv`` (one row per contender), ``runs.csv`` (one
+row per tuning run), ``goals.json`` and ``ratios.png``.
 
 Budget efficiency of a run = seconds inside timed windows (search trials and re-validation
 runs) / the run's wall time from start to exported profile. Trial overhead = a trial's wall
@@ -36,6 +39,7 @@ import argparse
 import csv
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -53,16 +57,16 @@ from autotune.profile import Profile
 from autotune.progress import RunView
 from autotune.space import SearchSpace
 from autotune.stats import Interval, interleave, median_ci, speedup_ci
-from autotune.storage import default_url
 from autotune.studydef import StudyDefinition
 
 HERE = Path(__file__).resolve().parent
-#: The goals of the issue, checked against the numbers at the end.
-GOAL_ORACLE_SHARE = 0.97
-GOAL_WINS = 4  # of 5 seeds
-GOAL_REPRODUCE = 0.10
-GOAL_OVERHEAD_S = 3.0
-GOAL_EFFICIENCY = 0.60
+#: The issue's goals.
+GOAL_ORACLE_SHARE = 0.97  # tuner's exported profile >= 97 % of the oracle
+GOAL_WIN_SHARE = 0.8  # tuner beats random search in >= 4 of 5 seeds
+GOAL_REPRODUCE = 0.10  # exported speedup within +-10 % of the re-measured one
+GOAL_OVERHEAD_S = 3.0  # median trial overhead
+GOAL_EFFICIENCY = 0.60  # timed seconds / wall seconds
+ORACLE_TOP = 3  # the grid's best distinct points taken into the final runs
 
 
 def args_parser() -> argparse.ArgumentParser:
@@ -74,26 +78,30 @@ def args_parser() -> argparse.ArgumentParser:
     p.add_argument("--oracle-space", default=str(HERE / "oracle_space.yaml"))
     p.add_argument("--oracle-budget", default="60m", help="cap on the grid (stops when done)")
     p.add_argument("--out", default=str(HERE / "results"), help="where results are written")
+    p.add_argument("--address", help="an existing Ray cluster (auto or HOST:PORT), as for run")
+    p.add_argument("--analyse", metavar="RAW_JSON", help="only analyse an earlier raw.json")
     return p
 
 
-def _view(budget_s: float) -> RunView:
-    from rich.console import Console
-
-    return RunView(Console(highlight=False), budget_s=budget_s, live=False)
+# --- measuring ---------------------------------------------------------------------------
 
 
-def tuning_run(d: StudyDefinition, out: Path, name: str, **changes: Any) -> dict[str, Any]:
+def tuning_run(
+    d: StudyDefinition, out: Path, name: str, address: str | None, **changes: Any
+) -> dict[str, Any]:
     """One ``autotune run`` (the library call the CLI makes) and what it cost."""
     from optuna.trial import TrialState
+    from rich.console import Console
 
     d = replace(d, **changes)
     print(f"\n=== {name}: sampler {d.sampler}, seed {d.seed}, budget {d.budget_s:.0f}s", flush=True)
     started = time.monotonic()
-    req = tuner.RunRequest(definition=d, run_dir=out / "runs", study_name=name)
-    with _view(d.budget_s) as view:
+    req = tuner.RunRequest(definition=d, run_dir=out / "runs", study_name=name, address=address)
+    with RunView(Console(highlight=False), budget_s=d.budget_s, live=False) as view:
         summary = tuner.run(req, view)
     wall = time.monotonic() - started
+    if summary.interrupted:
+        raise KeyboardInterrupt
     study = summary.study
     measured = [
         t
@@ -103,12 +111,20 @@ def tuning_run(d: StudyDefinition, out: Path, name: str, **changes: Any) -> dict
     validation = study.user_attrs.get("validation") or {}
     timed = sum(t.user_attrs["window_s"] for t in measured) + validation.get("timed_s", 0.0)
     profile = Profile.load(summary.profile_path)
+    best = sorted(
+        (t for t in study.trials if t.state == TrialState.COMPLETE), key=lambda t: -t.value
+    )
+    top: list[dict[str, Any]] = []
+    for t in best:
+        if t.user_attrs["config"] not in top:
+            top.append(t.user_attrs["config"])
     return {
         "name": name,
         "sampler": d.sampler,
         "seed": d.seed,
         "budget_s": d.budget_s,
         "wall_s": round(wall, 1),
+        "stopped": summary.stopped,
         "trials": len(study.trials),
         "complete": sum(t.state == TrialState.COMPLETE for t in study.trials),
         "pruned": sum(t.state == TrialState.PRUNED for t in study.trials),
@@ -123,8 +139,20 @@ def tuning_run(d: StudyDefinition, out: Path, name: str, **changes: Any) -> dict
         "search_best_speedup": None if not summary.baseline else summary.best / summary.baseline,
         "exported_speedup": profile.measured.get("speedup"),
         "exported_interval": profile.measured.get("speedup_interval"),
-        "validated": bool((validation or {}).get("beats_baseline")),
+        "validated": bool(validation.get("beats_baseline")),
         "config": profile.trial_config().to_dict(),
+        "defaults": TrialConfig.from_dict(
+            tuner._baseline_trial(study).user_attrs["config"]
+        ).to_dict(),
+        "top": top[:ORACLE_TOP],
+        "target": {
+            **{
+                k: v
+                for k, v in study.user_attrs[tuner.ATTR]["workload"].items()
+                if k in ("backend", "world_size", "global_batch")
+            },
+            "device": study.user_attrs[tuner.ATTR]["hardware"]["device"],
+        },
     }
 
 
@@ -135,14 +163,25 @@ def recipe_config(defaults: TrialConfig, target: Target) -> tuple[TrialConfig, l
     accum = 4 if per_rank % 4 == 0 else 1
     if accum == 1:
         notes.append(f"accumulation 4 does not divide the per-rank batch {per_rank}: kept at 1")
-    amp = "fp16" if target.device == "cuda" else ("bf16" if target.bf16 else "fp32")
-    if target.device != "cuda":
+    gpu = target.device == "cuda"
+    amp = "fp16" if gpu else ("bf16" if target.bf16 else "fp32")
+    if not gpu:
         notes.append(f"AMP as {amp} autocast (fp16 autocast is a GPU setting)")
+        cores = os.cpu_count() or 1
+        if 4 * target.world_size + target.world_size > cores:
+            notes.append(
+                f"4 DataLoader workers per rank x {target.world_size} ranks on {cores} cores"
+            )
     cfg = replace(
         defaults,
         ddp={**defaults.ddp, "bucket_cap_mb": 100.0},
         comm_hook={"name": "fp16"},
-        data={**defaults.data, "num_workers": 4, "prefetch_factor": 2, "persistent_workers": False},
+        data={
+            "num_workers": 4,
+            "pin_memory": gpu,
+            "prefetch_factor": 2,
+            "persistent_workers": False,
+        },
         precision=amp,
         micro_batch=per_rank // accum,
         accumulation_steps=accum,
@@ -152,102 +191,86 @@ def recipe_config(defaults: TrialConfig, target: Target) -> tuple[TrialConfig, l
 
 def side_by_side(
     d: StudyDefinition, target: Target, configs: dict[str, TrialConfig], rounds: int
-) -> tuple[dict[str, list[float]], dict[str, str], list[str]]:
-    """Measure every configuration ``rounds`` times, interleaved; returns samples by key, the
-    failures, and the order."""
+) -> tuple[dict[str, list[float | None]], dict[str, str], list[str]]:
+    """Measure every configuration once per round, interleaved. ``samples[key][r]`` is None
+    when round ``r`` of ``key`` failed (pairs are formed only from rounds where both ran)."""
     runner = TrialRunner(world_size=target.world_size, backend=target.backend)
     order = interleave(list(configs), rounds)
-    samples: dict[str, list[float]] = {k: [] for k in configs}
+    samples: dict[str, list[float | None]] = {k: [] for k in configs}
     failed: dict[str, str] = {}
     print(f"\n=== side by side: {len(configs)} configurations x {rounds} rounds", flush=True)
+
+    def measure(i: int, cfg: TrialConfig) -> float:
+        return runner.run(
+            trial=i,
+            trainer=d.trainer,
+            trainer_options=d.trainer_options,
+            config=cfg,
+            measure=d.measure,
+            seed=d.seed or 0,
+            timeout_s=300,
+            max_memory_mb=d.max_memory_mb,
+        ).throughput
+
     try:
+        # One discarded run first, so that no contender's first run pays for cold processes.
+        first = configs[order[0]]
+        try:
+            measure(-1, first)
+        except TrialFailed as e:
+            print(f"  (warm-up run failed: {e})", flush=True)
         for i, key in enumerate(order):
-            if key in failed:
-                continue
             try:
-                res = runner.run(
-                    trial=i,
-                    trainer=d.trainer,
-                    trainer_options=d.trainer_options,
-                    config=configs[key],
-                    measure=d.measure,
-                    seed=d.seed or 0,
-                    timeout_s=300,
-                )
+                value: float | None = measure(i, configs[key])
+                print(f"  {key:>14} {value:9.1f} samples/s", flush=True)
             except TrialFailed as e:
+                value = None
                 failed[key] = f"{e.reason}: {e.detail}"
                 print(f"  {key:>14}  FAIL {failed[key]}", flush=True)
-                continue
-            samples[key].append(res.throughput)
-            print(f"  {key:>14} {res.throughput:9.1f} samples/s", flush=True)
+            samples[key].append(value)
     finally:
         runner.close()
     return samples, failed, order
 
 
-def _ratio(a: list[float], b: list[float]) -> Interval | None:
-    return speedup_ci(a, b) if len(a) >= 2 and len(a) == len(b) else None
+def collect(a: argparse.Namespace, out: Path) -> dict[str, Any]:
+    d = StudyDefinition.load(a.study)
+    budget = parse_duration(a.budget)
+    raw: dict[str, Any] = {"args": vars(a), "runs": [], "errors": {}}
 
+    def save() -> None:
+        (out / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
 
-def _fmt(ci: Interval | None) -> str:
-    if ci is None:
-        return "-"
-    return f"{ci.median:.3f} [{ci.low:.3f}, {ci.high:.3f}]"
-
-
-def main(argv: list[str] | None = None) -> int:
-    a = args_parser().parse_args(argv)
+    conn = connect(a.address, extra_pythonpath=os.getcwd())
     try:
-        d = StudyDefinition.load(a.study)
-        budget = parse_duration(a.budget)
-        oracle_budget = parse_duration(a.oracle_budget)
-        SearchSpace.load(a.oracle_space)  # a bad space stops here, before any run
-    except AutotuneError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    out = Path(a.out)
-    if out.exists() and any(out.iterdir()):
-        print(f"error: --out {out}: not empty; pick a new folder or remove it", file=sys.stderr)
-        return 2
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    conn = connect(None)
-    try:
-        runs = []
-        for seed in range(a.seeds):
-            for sampler in ("tpe", "random"):
-                name = f"{'tuner' if sampler == 'tpe' else 'random'}-s{seed}"
-                runs.append(tuning_run(d, out, name, sampler=sampler, seed=seed, budget_s=budget))
-        oracle = tuning_run(
-            d, out, "oracle", sampler="grid", seed=0, budget_s=oracle_budget, space=a.oracle_space
-        )
-
-        # The contenders' configurations: the baseline's defaults come from a finished study.
-        import optuna
-
-        base_study = optuna.load_study(
-            study_name=runs[0]["name"], storage=default_url(out / "runs")
-        )
-        baseline = tuner._baseline_trial(base_study)
-        defaults = TrialConfig.from_dict(baseline.user_attrs["config"])
-        record = base_study.user_attrs[tuner.ATTR]
-        wl = record["workload"]
-        target = Target(
-            backend=wl["backend"],
-            device=record["hardware"]["device"],
-            world_size=wl["world_size"],
-            global_batch=wl["global_batch"],
-            cpus_per_rank=1,  # not used by the recipe
-            bf16=record["hardware"]["device"] == "cpu",  # every CPU runs bf16 autocast
-        )
-        recipe, recipe_notes = recipe_config(defaults, target)
-        named = {
-            "defaults": defaults,
-            "recipe": recipe,
-            "oracle": TrialConfig.from_dict(oracle["config"]),
-        }
-        named.update({r["name"]: TrialConfig.from_dict(r["config"]) for r in runs})
-        # Identical configurations are measured once and share their samples.
+        plan = [
+            (f"{'tuner' if s == 'tpe' else 'random'}-s{seed}", {"sampler": s, "seed": seed,
+             "budget_s": budget}) for seed in range(a.seeds) for s in ("tpe", "random")
+        ]  # fmt: skip
+        plan.append(("oracle", {"sampler": "grid", "seed": 0, "space": a.oracle_space,
+                                "budget_s": parse_duration(a.oracle_budget)}))  # fmt: skip
+        for name, changes in plan:
+            try:
+                raw["runs"].append(tuning_run(d, out, name, a.address, **changes))
+            except AutotuneError as e:  # recorded; the other runs still compare
+                raw["errors"][name] = str(e)
+                print(f"  {name} failed: {e}", flush=True)
+            save()
+        done = [r for r in raw["runs"] if not r["stopped"]]
+        if not done:
+            raise SystemExit("no tuning run finished; nothing to compare")
+        t = {**done[0]["target"], "cpus_per_rank": 1}  # cpus_per_rank: not used below
+        target = Target(**t, bf16=t["device"] == "cpu")  # every CPU runs bf16 autocast
+        defaults = TrialConfig.from_dict(done[0]["defaults"])
+        recipe, raw["recipe_notes"] = recipe_config(defaults, target)
+        named = {"defaults": defaults, "recipe": recipe}
+        for r in done:
+            named[r["name"]] = TrialConfig.from_dict(r["config"])
+            if r["name"] == "oracle":
+                for i, cfg in enumerate(r["top"]):
+                    named[f"oracle-top{i + 1}"] = TrialConfig.from_dict(cfg)
+        # Identical configurations are measured once and share their samples. (TrialConfig
+        # holds dicts, so it is compared, not hashed.)
         keys: dict[str, str] = {}
         unique: dict[str, TrialConfig] = {}
         for name, cfg in named.items():
@@ -255,158 +278,174 @@ def main(argv: list[str] | None = None) -> int:
             keys[name] = same or name
             if same is None:
                 unique[name] = cfg
-        samples, failed, order = side_by_side(d, target, unique, a.rounds)
+        raw["measured_as"] = keys
+        raw["configs"] = {k: c.to_dict() for k, c in unique.items()}
+        raw["samples"], raw["failed"], raw["order"] = side_by_side(d, target, unique, a.rounds)
     finally:
+        save()
         conn.close()
+    return raw
 
-    def of(name: str) -> list[float]:
-        return samples.get(keys[name], [])
 
-    rows = []
-    for name in named:
-        xs = of(name)
-        rows.append(
+# --- analysis ----------------------------------------------------------------------------
+
+
+def _pairs(a: list[float | None], b: list[float | None]) -> tuple[list[float], list[float]]:
+    both = [(x, y) for x, y in zip(a, b, strict=False) if x is not None and y is not None]
+    return [x for x, _ in both], [y for _, y in both]
+
+
+def _ratio(a: list[float | None], b: list[float | None]) -> Interval | None:
+    x, y = _pairs(a, b)
+    return speedup_ci(x, y) if len(x) >= 2 else None
+
+
+def _fmt(ci: Interval | None) -> str:
+    return "-" if ci is None else f"{ci.median:.3f} [{ci.low:.3f}, {ci.high:.3f}]"
+
+
+def analyse(raw: dict[str, Any]) -> dict[str, Any]:
+    keys: dict[str, str] = raw["measured_as"]
+    samples: dict[str, list[float | None]] = raw["samples"]
+
+    def of(name: str) -> list[float | None]:
+        return samples.get(keys.get(name, ""), [])
+
+    def med(name: str) -> float:
+        xs = [x for x in of(name) if x is not None]
+        return statistics.median(xs) if xs else -math.inf
+
+    # The oracle: the best re-measured of the grid's candidates.
+    grid = [n for n in keys if n == "oracle" or n.startswith("oracle-top")]
+    oracle = max(grid, key=med) if grid else None
+    runs = {r["name"]: r for r in raw["runs"]}
+    contenders = []
+    for name in keys:
+        xs = [x for x in of(name) if x is not None]
+        contenders.append(
             {
                 "contender": name,
                 "measured_as": keys[name],
+                "is_defaults": keys[name] == keys["defaults"],
                 "samples_per_s": median_ci(xs) if len(xs) >= 2 else None,
-                "vs_defaults": _ratio(xs, of("defaults")),
-                "vs_oracle": _ratio(xs, of("oracle")),
-                "failed": failed.get(keys[name], ""),
+                "vs_defaults": _ratio(of(name), of("defaults")),
+                "vs_oracle": None if oracle is None else _ratio(of(name), of(oracle)),
+                "failed": raw["failed"].get(keys[name], ""),
             }
         )
-    by_run = {r["name"]: r for r in runs}
-    for r in [*runs, oracle]:
+    for r in runs.values():
         re = _ratio(of(r["name"]), of("defaults"))
+        r["exported_defaults"] = keys.get(r["name"]) == keys["defaults"]
         r["remeasured_speedup"] = None if re is None else re.median
+        r["remeasured_interval"] = None if re is None else re.to_dict()
         exp = r["exported_speedup"]
         r["reproduces"] = (
-            None if re is None or not exp else abs(re.median / exp - 1) <= GOAL_REPRODUCE
+            None
+            if re is None or not exp or r["exported_defaults"]
+            else abs(re.median / exp - 1) <= GOAL_REPRODUCE
         )
 
-    # Goals.
-    tuners = [r for r in runs if r["sampler"] == "tpe"]
-    wins, wins_beyond_noise, shares = 0, 0, []
+    tuners = [r for r in runs.values() if r["sampler"] == "tpe"]
+    vs_random = {"wins": 0, "beyond_noise": 0, "ties": 0, "losses": 0, "n/a": 0}
+    shares = []
     for r in tuners:
-        rival = by_run[f"random-s{r['seed']}"]
-        vs = _ratio(of(r["name"]), of(rival["name"]))
-        if vs is not None and keys[r["name"]] != keys[rival["name"]]:
-            wins += vs.median > 1
-            wins_beyond_noise += vs.low > 1
-        share = _ratio(of(r["name"]), of("oracle"))
+        rival = runs.get(f"random-s{r['seed']}")
+        vs = None if rival is None else _ratio(of(r["name"]), of(rival["name"]))
+        if rival is not None and keys.get(r["name"]) == keys.get(rival["name"]):
+            vs_random["ties"] += 1  # the same configuration exported
+        elif vs is None:
+            vs_random["n/a"] += 1
+        else:
+            vs_random["wins" if vs.median > 1 else "losses"] += 1
+            vs_random["beyond_noise"] += vs.low > 1
+        share = None if oracle is None else _ratio(of(r["name"]), of(oracle))
         if share is not None:
             shares.append(share.median)
-    all_overheads = [o for r in tuners for o in r["overheads_s"]]
+    overheads = [o for r in tuners for o in r["overheads_s"]]
+    reproduced = [r["reproduces"] for r in tuners if r["reproduces"] is not None]
+    n = len(tuners)
     goals = {
-        "tuner_vs_oracle_median_share": round(statistics.median(shares), 3) if shares else None,
-        "seeds_at_or_above_97pct_of_oracle": f"{sum(x >= GOAL_ORACLE_SHARE for x in shares)}"
-        f"/{len(shares)}",
-        "seeds_tuner_beats_random": f"{wins}/{len(tuners)} ({wins_beyond_noise} beyond the noise)",
-        "tuner_runs_reproducing_within_10pct": f"{sum(bool(r['reproduces']) for r in tuners)}"
-        f"/{len(tuners)}",
-        "median_trial_overhead_s": round(statistics.median(all_overheads), 2)
-        if all_overheads
-        else None,
-        "budget_efficiency_median": round(statistics.median(r["efficiency"] for r in tuners), 3),
+        "oracle": oracle,
+        "oracle_is_defaults": oracle is not None and keys[oracle] == keys["defaults"],
+        "tuner_share_of_oracle": [round(s, 3) for s in shares],
+        "tuner_at_97pct_of_oracle": f"{sum(s >= GOAL_ORACLE_SHARE for s in shares)}/{len(shares)}",
+        "tuner_vs_random": vs_random,
+        "tuner_vs_random_goal_met": vs_random["wins"] >= math.ceil(GOAL_WIN_SHARE * n),
+        "tuner_exported_defaults": f"{sum(r['exported_defaults'] for r in tuners)}/{n}",
+        "reproduces_within_10pct": f"{sum(reproduced)}/{len(reproduced)} runs that exported "
+        "a change",
+        "median_trial_overhead_s": round(statistics.median(overheads), 2) if overheads else None,
+        "overhead_goal_met": bool(overheads) and statistics.median(overheads) <= GOAL_OVERHEAD_S,
+        "budget_efficiency": [r["efficiency"] for r in tuners],
+        "efficiency_goal_met": bool(tuners)
+        and statistics.median(r["efficiency"] for r in tuners) >= GOAL_EFFICIENCY,
     }
+    return {"contenders": contenders, "runs": list(runs.values()), "goals": goals}
 
-    # Output.
+
+def report(raw: dict[str, Any], result: dict[str, Any], out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table("contender", "measured as", "samples/s [95 %]", "vs defaults", "vs oracle")
-    for row in rows:
+    for row in result["contenders"]:
         ci = row["samples_per_s"]
         tp = "-" if ci is None else f"{ci.median:.1f} [{ci.low:.1f}, {ci.high:.1f}]"
-        ratios = (_fmt(row["vs_defaults"]), _fmt(row["vs_oracle"]))
-        table.add_row(row["contender"], row["measured_as"], tp, *ratios)
+        table.add_row(
+            row["contender"],
+            row["measured_as"],
+            tp,
+            _fmt(row["vs_defaults"]),
+            _fmt(row["vs_oracle"]),
+        )
     runs_table = Table(
         "run", "trials", "overhead (median)", "efficiency", "exported", "re-measured"
     )
-    for r in [*runs, oracle]:
+    for r in result["runs"]:
         exp, re = r["exported_speedup"], r["remeasured_speedup"]
         runs_table.add_row(
             r["name"],
-            str(r["trials"]),
+            f"{r['trials']} ({r['pruned']} pruned, {r['failed']} failed)",
             f"{r['overhead_median_s']:.2f}s",
             f"{r['efficiency']:.0%}",
-            "-" if exp is None else f"{exp:.3f}x",
+            "= defaults" if r["exported_defaults"] else ("-" if exp is None else f"{exp:.3f}x"),
             "-" if re is None else f"{re:.3f}x",
         )
-    console = Console(highlight=False)
+    console = Console(highlight=False, width=130)
     console.print(table, runs_table)
-    print("\nrecipe: " + ("; ".join(recipe_notes) or "as written"))
-    print("goals: " + json.dumps(goals, indent=1))
-    print(f"total {time.monotonic() - started:.0f}s; written to {out}")
+    console.print("recipe: " + ("; ".join(raw.get("recipe_notes", [])) or "as written"))
+    if raw.get("errors"):
+        console.print(f"runs that failed: {raw['errors']}")
+    console.print("goals: " + json.dumps(result["goals"], indent=1))
 
+    cols = ["samples_per_s", "vs_defaults", "vs_oracle"]
     with open(out / "contenders.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(
-            [
-                "contender",
-                "measured_as",
-                "samples_per_s",
-                "low",
-                "high",
-                "vs_defaults",
-                "vs_defaults_low",
-                "vs_defaults_high",
-                "vs_oracle",
-                "vs_oracle_low",
-                "vs_oracle_high",
-                "failed",
-            ]
+            ["contender", "measured_as"]
+            + [f"{c}{s}" for c in cols for s in ("", "_low", "_high")]
+            + ["failed"]
         )
-        for row in rows:
+        for row in result["contenders"]:
             cells = []
-            for k in ("samples_per_s", "vs_defaults", "vs_oracle"):
-                ci = row[k]
+            for c in cols:
+                ci = row[c]
                 cells += (
-                    [None, None, None]
+                    ["", "", ""]
                     if ci is None
                     else [round(ci.median, 4), round(ci.low, 4), round(ci.high, 4)]
                 )
             w.writerow([row["contender"], row["measured_as"], *cells, row["failed"]])
-    run_cols = [
-        "name",
-        "sampler",
-        "seed",
-        "budget_s",
-        "wall_s",
-        "trials",
-        "complete",
-        "pruned",
-        "failed",
-        "overhead_median_s",
-        "timed_s",
-        "efficiency",
-        "search_best",
-        "search_best_speedup",
-        "exported_speedup",
-        "remeasured_speedup",
-        "reproduces",
-    ]
+    run_cols = ["name", "sampler", "seed", "budget_s", "wall_s", "trials", "complete", "pruned",
+                "failed", "overhead_median_s", "timed_s", "efficiency", "search_best",
+                "search_best_speedup", "exported_speedup", "exported_defaults",
+                "remeasured_speedup", "reproduces"]  # fmt: skip
     with open(out / "runs.csv", "w", newline="") as f:
         w = csv.DictWriter(f, run_cols, extrasaction="ignore")
         w.writeheader()
-        w.writerows([*runs, oracle])
-    everything = {
-        "args": vars(a),
-        "goals": goals,
-        "recipe_notes": recipe_notes,
-        "order": order,
-        "samples": samples,
-        "measured_as": keys,
-        "failed": failed,
-        "runs": [*runs, oracle],
-        "contenders": [
-            {k: (v.to_dict() if isinstance(v, Interval) else v) for k, v in row.items()}
-            for row in rows
-        ],
-    }
-    (out / "results.json").write_text(json.dumps(everything, indent=1, default=str))
-    _chart(rows, out / "ratios.png")
-    return 0
+        w.writerows(result["runs"])
+    (out / "goals.json").write_text(json.dumps(result["goals"], indent=1))
+    _chart(result["contenders"], out / "ratios.png")
 
 
 def _chart(rows: list[dict[str, Any]], path: Path) -> None:
@@ -415,18 +454,12 @@ def _chart(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    drawn = [r for r in rows if r["vs_defaults"] is not None or r["contender"] == "defaults"]
+    drawn = [r for r in rows if r["vs_defaults"] is not None]
     names = [r["contender"] for r in drawn]
-    med = [1.0 if r["vs_defaults"] is None else r["vs_defaults"].median for r in drawn]
-    lo = [
-        0.0 if r["vs_defaults"] is None else r["vs_defaults"].median - r["vs_defaults"].low
-        for r in drawn
-    ]
-    hi = [
-        0.0 if r["vs_defaults"] is None else r["vs_defaults"].high - r["vs_defaults"].median
-        for r in drawn
-    ]
-    hi = [0.0 if not math.isfinite(h) else h for h in hi]
+    med = [r["vs_defaults"].median for r in drawn]
+    lo = [r["vs_defaults"].median - r["vs_defaults"].low for r in drawn]
+    hi = [r["vs_defaults"].high - r["vs_defaults"].median for r in drawn]
+    hi = [h if math.isfinite(h) else 0.0 for h in hi]
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(names)), 4))
     ax.bar(names, med, yerr=[lo, hi], capsize=3, color="#4c72b0")
     ax.axhline(1.0, color="k", lw=0.8)
@@ -436,6 +469,39 @@ def _chart(rows: list[dict[str, Any]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = args_parser().parse_args(argv)
+    out = Path(a.out)
+    if a.analyse:
+        raw = json.loads(Path(a.analyse).read_text())
+        out = Path(a.analyse).parent
+    else:
+        try:
+            StudyDefinition.load(a.study)
+            parse_duration(a.budget)
+            parse_duration(a.oracle_budget)
+            SearchSpace.load(a.oracle_space)  # a bad space stops here, before any run
+        except AutotuneError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        if a.seeds < 1 or a.rounds < 2:
+            print(
+                "error: --seeds must be >= 1 and --rounds >= 2 (pairs need two rounds)",
+                file=sys.stderr,
+            )
+            return 2
+        if out.exists() and any(out.iterdir()):
+            print(f"error: --out {out}: not empty; pick a new folder or remove it", file=sys.stderr)
+            return 2
+        out.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        raw = collect(a, out)
+        print(f"\nmeasured in {time.monotonic() - started:.0f}s", flush=True)
+    report(raw, analyse(raw), out)
+    print(f"written to {out}")
+    return 0
 
 
 if __name__ == "__main__":

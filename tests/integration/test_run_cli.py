@@ -41,6 +41,9 @@ def test_study_holds_a_complete_baseline_and_measured_trials(finished_run):
         assert ci["low"] <= a["throughput"] <= ci["high"] and ci["n"] == len(a["windows"])
         assert a["speedup"] == pytest.approx(a["throughput"] / base.value, rel=1e-3)
         assert a["step_time_s"] > 0 and len(a["peak_memory_mb"]) == 2
+        # where the overhead went: warm-up and set-up happen outside the timed windows
+        assert a["warmup_s"] > 0 and a["init_s"] > 0
+        assert a["warmup_s"] + a["init_s"] <= a["overhead_s"] + 0.05
         assert a["config"]["global_batch"] == 64  # the workload's global batch, always
         # one intermediate value per window: the dashboard's curve of the trial
         assert [t.intermediate_values[i] for i in range(len(a["windows"]))] == pytest.approx(

@@ -1,0 +1,97 @@
+"""The side-by-side benchmark's analysis (``bench/side_by_side.py``) on hand-made samples: which
+contender is the oracle, how runs that exported the defaults, ties and failed rounds count."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "side_by_side.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("side_by_side", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run(name, sampler, seed, exported, overheads=(2.0, 3.0, 4.0), efficiency=0.7):
+    return {"name": name, "sampler": sampler, "seed": seed, "exported_speedup": exported,
+            "overheads_s": list(overheads), "efficiency": efficiency, "trials": 10,
+            "pruned": 2, "failed": 0, "overhead_median_s": 3.0}  # fmt: skip
+
+
+def raw_data():
+    return {
+        "measured_as": {
+            "defaults": "defaults",
+            "recipe": "recipe",
+            "tuner-s0": "tuner-s0",
+            "random-s0": "defaults",  # random search exported the defaults
+            "tuner-s1": "tuner-s1",
+            "random-s1": "tuner-s1",  # the same configuration
+            "oracle": "oracle",
+            "oracle-top1": "oracle",
+            "oracle-top2": "oracle-top2",
+        },  # fmt: skip
+        "samples": {
+            "defaults": [100.0, 104.0, 96.0],
+            "recipe": [50.0, 52.0, None],  # its third round failed
+            "tuner-s0": [120.0, 125.0, 116.0],
+            "tuner-s1": [101.0, 105.0, 97.0],
+            "oracle": [110.0, 112.0, 108.0],
+            "oracle-top2": [121.0, 126.0, 117.0],  # re-measures best of the grid's candidates
+        },
+        "failed": {"recipe": "crash: rank 0: boom"},
+        "runs": [
+            run("tuner-s0", "tpe", 0, 1.40),  # re-measures 1.2: 14 % below
+            run("random-s0", "random", 0, 1.0),
+            run("tuner-s1", "tpe", 1, 1.02, overheads=(5.0, 6.0)),
+            run("random-s1", "random", 1, 1.03),
+            run("oracle", "grid", 0, 1.1),
+        ],
+    }
+
+
+def test_the_oracle_is_the_best_re_measured_grid_candidate(bench):
+    res = bench.analyse(raw_data())
+    g = res["goals"]
+    assert g["oracle"] == "oracle-top2" and g["oracle_is_defaults"] is False
+    # tuner-s0 is within 1 % of it, tuner-s1 at about 83 %
+    assert g["tuner_at_97pct_of_oracle"] == "1/2"
+    share0, share1 = g["tuner_share_of_oracle"]
+    pairs = [(120, 121), (125, 126), (116, 117)]
+    assert share0 == pytest.approx(math.exp(sum(math.log(a / b) for a, b in pairs) / 3), abs=1e-3)
+    assert 0.8 < share1 < 0.85
+
+
+def test_exported_defaults_and_ties_are_not_wins_or_reproductions(bench):
+    res = bench.analyse(raw_data())
+    g = res["goals"]
+    # seed 0: tuner beats random's defaults beyond the noise; seed 1: both exported the same
+    assert g["tuner_vs_random"] == {"wins": 1, "beyond_noise": 1, "ties": 1, "losses": 0, "n/a": 0}
+    assert g["tuner_vs_random_goal_met"] is False  # 1 of 2 < 80 %
+    runs = {r["name"]: r for r in res["runs"]}
+    assert runs["random-s0"]["exported_defaults"] and runs["random-s0"]["reproduces"] is None
+    assert runs["tuner-s0"]["remeasured_speedup"] == pytest.approx(1.2, abs=0.01)
+    assert runs["tuner-s0"]["reproduces"] is False  # exported 1.40, re-measured 1.20
+    assert runs["tuner-s1"]["reproduces"] is True  # exported 1.02, re-measured 1.01
+    assert g["reproduces_within_10pct"].startswith("1/2 ")
+
+
+def test_failed_rounds_are_left_out_of_the_pairs(bench):
+    res = bench.analyse(raw_data())
+    recipe = next(c for c in res["contenders"] if c["contender"] == "recipe")
+    assert recipe["vs_defaults"].n == 2 and recipe["failed"].startswith("crash")
+    assert recipe["vs_defaults"].median == pytest.approx(0.5, rel=0.01)
+
+
+def test_overhead_and_efficiency_goals(bench):
+    g = bench.analyse(raw_data())["goals"]
+    assert g["median_trial_overhead_s"] == 4.0  # the tuner runs' trials: 2, 3, 4, 5, 6
+    assert g["overhead_goal_met"] is False and g["efficiency_goal_met"] is True
