@@ -27,7 +27,7 @@ import statistics
 import time
 import warnings
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import storage as storage_mod
-from autotune.config import TrialConfig
+from autotune.config import MeasureSettings, TrialConfig
 from autotune.durations import format_duration
 from autotune.errors import BaselineFailed, ClusterLost, ConfigError, TrialFailed
 from autotune.knobs import Target
@@ -325,6 +325,9 @@ class _Loop:
         self.view = view
         self.started = time.monotonic()
         self.walls: list[float] = []
+        # What a re-validation run of each measured trial would take (its overhead and
+        # min_windows of its windows): re-validation runs are that short (see validate()).
+        self.rerun_walls: list[float] = []
         self.plan: tuple[int, int] | None = None  # (candidates, rounds) to re-validate
 
     def optimize(self) -> None:
@@ -348,7 +351,11 @@ class _Loop:
         return max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * base.user_attrs["wall_s"])
 
     def _measure(
-        self, number: int, config: TrialConfig, incumbent: Interval | None = None
+        self,
+        number: int,
+        config: TrialConfig,
+        incumbent: Interval | None = None,
+        measure: MeasureSettings | None = None,
     ) -> TrialResult:
         """One real run of ``config`` with this study's workload and measurement settings."""
         return self.runner.run(
@@ -356,7 +363,7 @@ class _Loop:
             trainer=self.d.trainer,
             trainer_options=dict(self.d.trainer_options),
             config=config,
-            measure=self.d.measure,
+            measure=measure or self.d.measure,
             seed=self.d.seed or 0,
             timeout_s=self.trial_timeout(),
             max_memory_mb=self.d.max_memory_mb,
@@ -369,12 +376,13 @@ class _Loop:
         left = self.d.budget_s - (time.monotonic() - self.started)
         if self.walls:
             wall = statistics.median(self.walls)
-            self.plan = _validation_plan(self.d, self.d.budget_s, wall)
+            run = statistics.median(self.rerun_walls) if self.rerun_walls else wall
+            self.plan = _validation_plan(self.d, self.d.budget_s, run)
             # Room for the re-validation once there is something to re-validate.
             base = _baseline_value(study)
             above = base is not None and any(t.value > base for t in _complete(study))
             runs = 0 if self.plan is None or not above else (self.plan[0] + 1) * self.plan[1]
-            if left < wall * (1 + runs):
+            if left < wall + run * runs:
                 study.stop()
                 return
         self.runner.ensure_placed()
@@ -445,6 +453,8 @@ class _Loop:
         for i, w in enumerate(result.windows):
             trial.report(w, i)  # the dashboard's intermediate values: one per window
         self.walls.append(time.monotonic() - t0)
+        per_window = result.window_s / len(result.windows)
+        self.rerun_walls.append(result.overhead_s + self.d.measure.min_windows * per_window)
         self._report(trial, result, speedup, params=trial.params)
         if result.pruned:
             raise optuna.TrialPruned(
@@ -474,6 +484,11 @@ class _Loop:
             return None
         keys = ["baseline", *candidates]
         order = interleave(keys, rounds)
+        # Each run measures min_windows windows: the comparison's noise is between runs (the
+        # machine drifts), not between the windows of one run, so short runs in more rounds
+        # say more than long runs in few.
+        m = self.d.measure
+        rerun = replace(m, max_windows=m.min_windows)
         _print(
             self.view,
             f"Re-validating {', '.join(candidates)} against the baseline: "
@@ -490,7 +505,7 @@ class _Loop:
                 self.view.trial_started(f"re-validating {key}", self._changed(trials[key].params))
             try:
                 config = TrialConfig.from_dict(trials[key].user_attrs["config"])
-                result = self._measure(trials[key].number, config)
+                result = self._measure(trials[key].number, config, measure=rerun)
             except TrialFailed as e:
                 failed[key] = f"{e.reason}: {e.detail}"
                 _print(self.view, f"  {key:>10} [red]FAIL[/] {failed[key]}")
@@ -570,20 +585,22 @@ class _Loop:
 
 
 def _validation_plan(
-    d: StudyDefinition, budget_s: float, trial_wall_s: float
+    d: StudyDefinition, budget_s: float, run_wall_s: float
 ) -> tuple[int, int] | None:
     """(candidates, rounds) of the re-validation that fit in a third of the budget, given the
-    typical trial's wall time; fewer rounds first, then fewer candidates; None when even one
-    candidate over two rounds does not fit in half of it."""
+    typical re-validation run's wall time; fewer candidates first, then fewer rounds (with two
+    rounds, Student's t has one degree of freedom and the interval is three times as wide as
+    with three: rounds are worth more than candidates); None when even one candidate over two
+    rounds does not fit in half of it."""
     top, rounds = d.validate_top, d.validate_rounds
     if top == 0:
         return None
-    while (top + 1) * rounds * trial_wall_s > budget_s / 3 and (rounds > 2 or top > 1):
-        if rounds > 2:
-            rounds -= 1
-        else:
+    while (top + 1) * rounds * run_wall_s > budget_s / 3 and (rounds > 2 or top > 1):
+        if top > 1:
             top -= 1
-    if (top + 1) * rounds * trial_wall_s > budget_s / 2:
+        else:
+            rounds -= 1
+    if (top + 1) * rounds * run_wall_s > budget_s / 2:
         return None
     return top, rounds
 

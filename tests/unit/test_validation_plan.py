@@ -22,13 +22,14 @@ def test_a_long_budget_gets_the_full_plan():
     [
         (600, 8, (3, 3)),  # 96 s <= 200 s
         (300, 8, (3, 3)),  # 96 s <= 100 s
-        (240, 8, (3, 2)),  # 96 s > 80 s: one round fewer (64 s)
-        (120, 8, (1, 2)),  # fewer candidates once two rounds are left (32 s <= 40 s)
+        (240, 8, (2, 3)),  # 96 s > 80 s: one candidate fewer (72 s), three rounds kept
+        (150, 8, (1, 3)),  # one candidate over three rounds: 48 s <= 50 s
+        (120, 8, (1, 2)),  # rounds go only once one candidate is left (32 s <= 40 s)
         (70, 8, (1, 2)),  # 32 s: over a third, within half of the budget
         (60, 8, None),  # 32 s > half of 60 s: no re-validation
     ],
 )
-def test_the_plan_shrinks_rounds_then_candidates_to_fit_the_budget(budget, wall, expected):
+def test_the_plan_shrinks_candidates_then_rounds_to_fit_the_budget(budget, wall, expected):
     got = plan(budget, wall)
     assert got == expected
     if got is not None:
