@@ -106,6 +106,13 @@ def _parser() -> argparse.ArgumentParser:
         help="interleaved rounds of that re-measurement (default 3)",
     )
     r.add_argument(
+        "--allow-drift",
+        action="store_true",
+        default=None,
+        help="keep settings whose loss drifts from the fp32 baseline's beyond the tolerance "
+        "(reduced precision, compression); by default they are FAIL numerics_drift",
+    )
+    r.add_argument(
         "--quiet",
         action="store_true",
         help="no live display: one plain line per trial, for logs (also when stdout is "
@@ -196,6 +203,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         max_memory_mb=None if args.max_memory is None else parse_size_mb(args.max_memory),
         validate_top=args.validate_top,
         validate_rounds=args.validate_rounds,
+        allow_drift=args.allow_drift,
         trial_timeout_s=(
             None
             if args.trial_timeout is None

@@ -37,6 +37,7 @@ from datetime import timedelta
 from typing import Any
 
 from autotune.config import MeasureSettings, TrialConfig
+from autotune.numerics import CURVE_STEPS
 from autotune.stats import Interval
 
 __all__ = ["NonFiniteLoss", "RankSpec", "run_rank"]
@@ -226,6 +227,7 @@ def _run_rank(spec: RankSpec, store: Any) -> dict[str, Any]:
         scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
         accum = cfg.accumulation_steps
         peak_rss = 0.0  # this trial's peak RSS (MiB), sampled where memory use peaks
+        curve: list[torch.Tensor] = []  # the first steps' losses, for the numerics guard
 
         def step() -> torch.Tensor:
             nonlocal peak_rss
@@ -245,6 +247,8 @@ def _run_rank(spec: RankSpec, store: Any) -> dict[str, Any]:
             scaler.update()
             peak_rss = max(peak_rss, rss_mb())  # params, grads and optimizer state, all alive
             optimizer.zero_grad(set_to_none=True)
+            if len(curve) < CURVE_STEPS:
+                curve.append(total)
             if spec.max_memory_mb is not None and peak_rss > spec.max_memory_mb:
                 raise MemoryLimitExceeded(
                     f"peak host memory {peak_rss:.0f} MiB is over --max-memory "
@@ -335,6 +339,7 @@ def _run_rank(spec: RankSpec, store: Any) -> dict[str, Any]:
             "warmup_s": measure_started - warmup_started,
             "measure_s": time.perf_counter() - measure_started,  # windows and the gaps between
             "loss": loss,
+            "loss_curve": [float(x) for x in curve],
             "peak_memory_mb": round(peak_mb, 1),
         }
     finally:

@@ -23,7 +23,7 @@ from autotune.errors import ConfigError
 __all__ = ["LEARNED_REASONS", "FailureAwareTPESampler", "make_sampler"]
 
 #: Failure reasons that say something about the configuration.
-LEARNED_REASONS = frozenset({"crash", "timeout", "oom", "nan", "illegal"})
+LEARNED_REASONS = frozenset({"crash", "timeout", "oom", "nan", "illegal", "numerics_drift"})
 
 
 class _FailuresAsPruned:

@@ -14,6 +14,7 @@ from autotune import _yaml
 from autotune.config import MeasureSettings
 from autotune.durations import parse_duration, parse_size_mb
 from autotune.errors import ConfigError
+from autotune.numerics import DEFAULT_TOLERANCE
 
 __all__ = ["SAMPLERS", "StudyDefinition", "available_studies"]
 
@@ -37,6 +38,8 @@ _KEYS = (
     "max_memory",
     "validate_top",
     "validate_rounds",
+    "allow_drift",
+    "drift_tolerance",
 )
 _MEASURE_KEYS = tuple(f.name for f in fields(MeasureSettings))
 _MEASURE_FLOATS = ("settle_tol", "window_s", "target_rel_half_width")
@@ -79,6 +82,10 @@ class StudyDefinition:
     before the profile is chosen (0: no re-validation)."""
     validate_rounds: int = 3
     """Interleaved rounds of that re-measurement (each measures every candidate once)."""
+    allow_drift: bool = False
+    """Keep configurations whose loss drifts from the fp32 baseline's (``autotune.numerics``)."""
+    drift_tolerance: float = DEFAULT_TOLERANCE
+    """Relative drift of the first steps' loss above which a trial is ``numerics_drift``."""
 
     @classmethod
     def load(cls, name_or_path: str) -> StudyDefinition:
@@ -121,6 +128,8 @@ class StudyDefinition:
             ),
             validate_top=data.get("validate_top", 3),
             validate_rounds=data.get("validate_rounds", 3),
+            allow_drift=data.get("allow_drift", False),
+            drift_tolerance=data.get("drift_tolerance", DEFAULT_TOLERANCE),
         )
         d.check(where)
         return d
@@ -150,6 +159,14 @@ class StudyDefinition:
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ConfigError(f"{where}: {key} must be a whole number >= {low}, got {v!r}")
+        if not isinstance(self.allow_drift, bool):
+            raise ConfigError(f"{where}: allow_drift must be true or false")
+        tol = self.drift_tolerance
+        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < 10:
+            raise ConfigError(
+                f"{where}: drift_tolerance must be a relative difference above 0 (0.05 = 5 %), "
+                f"got {tol!r}"
+            )
         m = self.measure
         for key in _MEASURE_KEYS:
             v = getattr(m, key)

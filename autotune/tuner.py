@@ -40,6 +40,7 @@ from autotune.durations import format_duration
 from autotune.errors import BaselineFailed, ClusterLost, ConfigError, TrialFailed
 from autotune.knobs import Target
 from autotune.launcher import TrialResult, TrialRunner, connect
+from autotune.numerics import changes_numerics, drift
 from autotune.profile import Profile
 from autotune.progress import RunView, changed_settings
 from autotune.samplers import make_sampler
@@ -448,6 +449,8 @@ class _Loop:
         }
         if self.tokens_per_sample:
             attrs["tokens_per_s"] = round(result.throughput * self.tokens_per_sample, 1)
+        attrs["loss_curve"] = [round(x, 7) for x in ranks[0].get("loss_curve", [])]
+        drifted = None if is_baseline else self._drift(config, attrs)
         for k, v in attrs.items():
             trial.set_user_attr(k, v)
         for i, w in enumerate(result.windows):
@@ -455,12 +458,38 @@ class _Loop:
         self.walls.append(time.monotonic() - t0)
         per_window = result.window_s / len(result.windows)
         self.rerun_walls.append(result.overhead_s + self.d.measure.min_windows * per_window)
+        if drifted is not None and not result.pruned:
+            trial.set_user_attr("reason", drifted.reason)
+            trial.set_user_attr("reason_detail", drifted.detail)
+            self._report(trial, None, None, params=trial.params, failure=drifted)
+            raise drifted
         self._report(trial, result, speedup, params=trial.params)
         if result.pruned:
             raise optuna.TrialPruned(
                 f"upper bound {result.interval.high:.1f} below the incumbent's interval"
             )
         return result.throughput
+
+    def _drift(self, config: TrialConfig, attrs: dict[str, Any]) -> TrialFailed | None:
+        """The numerics guard (``autotune.numerics``): record the drift of a configuration that
+        changes numerics in ``attrs``; the failure to record when it is over the tolerance and
+        the study does not allow drift."""
+        changed = changes_numerics(config)
+        base = _baseline_trial(self.study)
+        base_curve = None if base is None else base.user_attrs.get("loss_curve")
+        found = drift(attrs["loss_curve"], base_curve) if changed and base_curve else None
+        if found is None:
+            return None
+        value, steps = found
+        attrs["numerics_drift"] = round(value, 5) if math.isfinite(value) else "inf"
+        tol = self.d.drift_tolerance
+        if value <= tol or self.d.allow_drift:
+            return None
+        return TrialFailed(
+            "numerics_drift",
+            f"{' '.join(changed)}: the loss of the first {steps} steps differs from the fp32 "
+            f"baseline's by {value:.1%} (tolerance {tol:.0%}); --allow-drift keeps such settings",
+        )
 
     def validate(self) -> dict[str, Any] | None:
         """Measure the best few configurations and the baseline again, interleaved, and store
@@ -713,6 +742,8 @@ def study_profile(study: optuna.Study, *, budget_s: float | None = None) -> Prof
                 "not re-validated: the speedup is the search's best single trial, biased "
                 "upwards; run with --validate-top 3 for an interval"
             )
+    if "numerics_drift" in best.user_attrs:  # only a study that allows drift exports it
+        measured["numerics_drift"] = best.user_attrs["numerics_drift"]
     return Profile.from_config(
         TrialConfig.from_dict(best.user_attrs["config"]),
         study={

@@ -19,6 +19,7 @@ driver, to check the contract before any trial starts, and once in every rank.
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -90,10 +91,17 @@ def resolve_trainer(ref: str) -> Callable[..., Workload]:
 def load_workload(ref: str, options: Mapping[str, Any] | None = None) -> Workload:
     """Call the trainer with ``options`` and check what it returns against the contract."""
     fn = resolve_trainer(ref)
+    options = dict(options or {})
     try:
-        wl = fn(**dict(options or {}))
+        inspect.signature(fn).bind(**options)
     except TypeError as e:
         raise ConfigError(f"--trainer {ref}: the trainer refused its options: {e}") from None
+    except ValueError:  # no signature to check (a builtin): the call below says it
+        pass
+    try:
+        wl = fn(**options)
+    except TypeError as e:  # e.g. Workload(...) without a required field
+        raise ConfigError(f"--trainer {ref}: {e}; see the Workload contract") from None
     if not isinstance(wl, Workload):
         raise ConfigError(
             f"--trainer {ref}: returned {type(wl).__name__}, expected autotune.Workload"

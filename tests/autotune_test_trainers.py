@@ -163,3 +163,19 @@ def raising_with_pids(**options) -> Workload:
 
     wl.model = Fragile
     return wl
+
+
+def underflow(*, scale: float = 1e-10, **options) -> Workload:
+    """A linear model on a linear target, learnt within a few Adam steps in fp32 (over 16 steps
+    the loss falls from 0.8 to 0.2), with the loss scaled by ``scale``: gradients of about
+    1e-11, which fp16 cannot hold (its smallest step is 6e-8), so the fp16 compression hook
+    turns them into zeros and the model stops learning. Adam normalises the gradient, so fp32
+    is not slowed by the scale. A setting that really drifts, for the numerics guard."""
+    wl = tiny(**options)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, 64, generator=g)
+    wl.dataset = torch.utils.data.TensorDataset(x, 0.5 * x[:, :16])
+    wl.model = lambda: torch.nn.Linear(64, 16)
+    wl.loss = lambda out, y: torch.nn.functional.mse_loss(out, y) * scale
+    wl.optimizer = lambda params: torch.optim.Adam(params, lr=0.02, eps=1e-20)
+    return wl

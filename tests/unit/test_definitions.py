@@ -28,6 +28,8 @@ def test_builtin_studies_load_and_name_existing_spaces_and_trainers():
         ("trainer: mlp\nworld_size: 0\n", r"world_size must be a positive integer"),
         ("trainer: mlp\nmeasure: {window: 3}\n", r"measure: unknown key 'window'"),
         ("trainer: mlp\nobjective: latency\n", r"objective must be one of"),
+        ("trainer: mlp\ndrift_tolerance: 0\n", r"drift_tolerance must be a relative difference"),
+        ("trainer: mlp\nallow_drift: maybe\n", r"allow_drift must be true or false"),
     ],
 )
 def test_bad_study_definitions(tmp_path, text, message):

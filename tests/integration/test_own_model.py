@@ -1,0 +1,54 @@
+"""The README's own-model example, exactly as written: its module saved as my_model.py, its
+command run from that directory (a local Ray instance, which gives the ranks that directory),
+with a short budget and the quick study's short windows added."""
+
+from __future__ import annotations
+
+import re
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tests.conftest import REPO
+from tests.integration.conftest import autotune
+
+pytestmark = pytest.mark.integration
+
+
+def example() -> tuple[str, list[str]]:
+    section = (REPO / "README.md").read_text().split("## Your own model", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    command = re.search(r"```bash\n(.*?)```", section, re.S).group(1).split()
+    return code, command
+
+
+def test_the_readme_example_is_at_most_30_lines():
+    code, command = example()
+    assert len(code.strip().splitlines()) <= 30
+    assert command[:2] == ["autotune", "run"]
+
+
+def test_the_readme_example_tunes_its_own_model(run_env, tmp_path):
+    code, command = example()
+    (tmp_path / "my_model.py").write_text(code)
+    args = command[2:]
+    args[args.index("--budget") + 1] = "25s"  # the example says 10m
+    p = autotune(run_env, "run", *args, "--study", "quick", cwd=tmp_path, timeout=300)
+    study = optuna.load_study(study_name="quick-my_model.workload-gloo-2r",
+                              storage=f"sqlite:///{tmp_path}/home/autotune.db")  # fmt: skip
+    assert study.user_attrs["autotune"]["workload"]["options"] == {"hidden": 256}
+    measured = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert study.trials[0].state == TrialState.COMPLETE and len(measured) >= 2, p.stdout
+    assert all(t.user_attrs["config"]["global_batch"] == 256 for t in measured)
+    assert (tmp_path / "home" / "profiles" / "quick-my_model.workload-gloo-2r.yaml").exists()
+
+
+def test_a_trainer_that_breaks_the_contract_is_refused_before_any_trial(run_env, tmp_path):
+    code, _ = example()
+    (tmp_path / "my_model.py").write_text(code.replace("        dataset=Points(),", ""))
+    p = autotune(run_env, "run", "--trainer", "my_model:workload", "--budget", "10s",
+                 cwd=tmp_path, rc=2)  # fmt: skip
+    assert p.stderr.strip().count("\n") == 0 and "my_model:workload" in p.stderr
+    assert "dataset" in p.stderr
+    assert not (tmp_path / "home").exists()  # nothing written, no Ray started for it
