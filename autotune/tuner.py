@@ -449,7 +449,7 @@ class _Loop:
         }
         if self.tokens_per_sample:
             attrs["tokens_per_s"] = round(result.throughput * self.tokens_per_sample, 1)
-        attrs["loss_curve"] = [round(x, 7) for x in ranks[0].get("loss_curve", [])]
+        attrs["loss_curve"] = [float(f"{x:.6g}") for x in ranks[0].get("loss_curve", [])]
         drifted = None if is_baseline else self._drift(config, attrs)
         for k, v in attrs.items():
             trial.set_user_attr(k, v)
@@ -458,7 +458,7 @@ class _Loop:
         self.walls.append(time.monotonic() - t0)
         per_window = result.window_s / len(result.windows)
         self.rerun_walls.append(result.overhead_s + self.d.measure.min_windows * per_window)
-        if drifted is not None and not result.pruned:
+        if drifted is not None:  # over pruning too: the more telling verdict
             trial.set_user_attr("reason", drifted.reason)
             trial.set_user_attr("reason_detail", drifted.detail)
             self._report(trial, None, None, params=trial.params, failure=drifted)
