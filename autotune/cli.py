@@ -62,6 +62,12 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--world-size", type=int, help="DDP ranks per trial")
     r.add_argument("--backend", choices=("auto", "gloo", "nccl"))
     r.add_argument("--sampler", help="tpe (default), gp, random, cmaes or grid")
+    r.add_argument(
+        "--objective",
+        choices=("throughput", "throughput,memory"),
+        help="throughput (default), or throughput,memory: a Pareto front of samples/s and "
+        "peak memory per rank, the profile chosen from it by a stated rule",
+    )
     r.add_argument("--seed", type=int, help="sampler and data seed")
     r.add_argument(
         "--trial-timeout",
@@ -124,6 +130,12 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--storage", help="Optuna RDB URL (default: sqlite in the run directory)")
     e.add_argument("--run-dir", type=Path)
     e.add_argument("-o", "--output", type=Path, help="profile path (default: stdout)")
+    e.add_argument(
+        "--trial",
+        type=int,
+        metavar="N",
+        help="export COMPLETE trial N instead of the chosen one (e.g. another Pareto point)",
+    )
 
     v = sub.add_parser("env", help="print a profile's environment as shell export lines")
     v.add_argument("profile", type=Path)
@@ -204,6 +216,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         validate_top=args.validate_top,
         validate_rounds=args.validate_rounds,
         allow_drift=args.allow_drift,
+        objective=args.objective,
         trial_timeout_s=(
             None
             if args.trial_timeout is None
@@ -287,9 +300,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     study = _load_study(_storage_url(args), args.study_name)
     if args.output:
-        print(export_profile(study, args.output))
+        print(export_profile(study, args.output, trial=args.trial))
     else:
-        sys.stdout.write(study_profile(study).to_yaml())
+        sys.stdout.write(study_profile(study, trial=args.trial).to_yaml())
     return 0
 
 

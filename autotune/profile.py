@@ -8,7 +8,8 @@ same strict loader (``Profile.load``) that the user's training script uses::
     workload:  {trainer, options, world_size, backend, global_batch}
     hardware:  {device, device_name, device_count, node_count, torch, nccl}
     measured:  {baseline_samples_per_s, best_samples_per_s, speedup, speedup_interval,
-                interval, validation, trials, budget, tuning_s, note, numerics_drift?}
+                interval, validation, trials, budget, tuning_s, note, numerics_drift?,
+                baseline_peak_memory_mb?, pareto?}
     env:       {NCCL_ALGO: Ring, OMP_NUM_THREADS: "1", ...}   # flat map, string values
     ddp:       {bucket_cap_mb, gradient_as_bucket_view, static_graph, comm_hook: {name, ...}}
     data:      {num_workers, pin_memory, prefetch_factor?, persistent_workers?}
@@ -53,6 +54,8 @@ _SECTIONS = {
         "tuning_s",
         "note",
         "numerics_drift",
+        "baseline_peak_memory_mb",
+        "pareto",
     ),
     "ddp": ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "comm_hook"),
     "data": ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers"),

@@ -116,20 +116,36 @@ def summary_table(study: Any, *, top: int = 5) -> Table:
 
     base = _baseline_trial(study)
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    ranked = sorted(complete, key=lambda t: -t.value)[:top]
+    multi = len(study.directions) > 1
+    front = {t.number for t in study.best_trials} if multi else set()
+    ranked = sorted(complete, key=lambda t: -t.values[0])[:top]
+    if multi:  # the whole Pareto front, fastest first
+        ranked = sorted(study.best_trials, key=lambda t: -t.values[0])
     if base is not None and base.state == TrialState.COMPLETE and base not in ranked:
         ranked.append(base)
-    table = Table(title=f"Best of {len(complete)} complete trials", title_justify="left")
+    title = (
+        f"Pareto front of {len(complete)} complete trials (samples/s up, peak memory down)"
+        if multi
+        else f"Best of {len(complete)} complete trials"
+    )
+    table = Table(title=title, title_justify="left")
     table.add_column("trial", justify="right")
     table.add_column("samples/s", justify="right")
     table.add_column("speedup", justify="right")
+    if multi:
+        table.add_column("peak MiB/rank", justify="right")
     table.add_column("settings that differ from the defaults")
     for t in ranked:
         is_base = base is not None and t.number == base.number
+        tag = " (baseline)" if is_base else ""
+        if multi and is_base and t.number not in front:
+            tag = " (baseline, dominated)"
+        memory = [f"{t.values[1]:.0f}"] if multi else []
         table.add_row(
-            f"{t.number}{' (baseline)' if is_base else ''}",
-            f"{t.value:.1f}",
+            f"{t.number}{tag}",
+            f"{t.values[0]:.1f}",
             f"{t.user_attrs.get('speedup', float('nan')):.2f}x",
+            *memory,
             changed_settings(t.params, None if base is None else base.params),
         )
     return table

@@ -21,7 +21,7 @@ __all__ = ["SAMPLERS", "StudyDefinition", "available_studies"]
 BUILTIN_PACKAGE = "autotune.studies"
 SAMPLERS = ("tpe", "gp", "random", "cmaes", "grid")
 BACKENDS = ("auto", "gloo", "nccl")
-OBJECTIVES = ("throughput",)
+OBJECTIVES = ("throughput", "throughput,memory")
 _KEYS = (
     "description",
     "trainer",
@@ -111,7 +111,7 @@ class StudyDefinition:
             world_size=data.get("world_size"),
             backend=data.get("backend", "auto"),
             space=str(data.get("space", "default")),
-            objective=data.get("objective", "throughput"),
+            objective=_objective(data.get("objective", "throughput")),
             budget_s=parse_duration(data.get("budget", "10m"), what=f"{where}: budget"),
             sampler=data.get("sampler", "tpe"),
             seed=data.get("seed"),
@@ -142,6 +142,11 @@ class StudyDefinition:
         if self.backend not in BACKENDS:
             raise ConfigError(
                 f"{where}: backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}"
+            )
+        if self.objective == "throughput,memory" and self.sampler == "cmaes":
+            raise ConfigError(
+                "--sampler cmaes: Optuna's CMA-ES optimises one objective; use tpe, gp, random "
+                "or grid with --objective throughput,memory"
             )
         if self.objective not in OBJECTIVES:
             raise ConfigError(
@@ -190,11 +195,23 @@ class StudyDefinition:
         if m.prune_after < 2:
             raise ConfigError(f"{where}: measure.prune_after must be at least 2 windows")
 
+    @property
+    def multi_objective(self) -> bool:
+        """Throughput and peak memory: a Pareto front instead of one best."""
+        return self.objective == "throughput,memory"
+
     def override(self, **changes: Any) -> StudyDefinition:
         """A copy with the given non-None fields replaced, checked again."""
         d = replace(self, **{k: v for k, v in changes.items() if v is not None})
         d.check()
         return d
+
+
+def _objective(value: Any) -> Any:
+    """``throughput, memory`` and ``[throughput, memory]`` are ``throughput,memory``."""
+    if isinstance(value, (list, tuple)):
+        value = ",".join(map(str, value))
+    return value.replace(" ", "") if isinstance(value, str) else value
 
 
 def available_studies() -> list[str]:

@@ -58,6 +58,9 @@ TIMEOUT_FLOOR_S = 30.0
 TIMEOUT_FACTOR = 4.0
 #: Study user attribute holding autotune's own record of the study.
 ATTR = "autotune"
+#: The objectives' names, in Optuna's order: samples/s (maximised), then with
+#: ``--objective throughput,memory`` the largest peak memory of a rank (minimised).
+METRICS = ["samples_per_s", "peak_memory_mb"]
 #: Which driver runs a trial (user attribute ``driver``): lets a resumed run on the same host
 #: close at once the trials of a driver that died (``kill -9``), without waiting for
 #: Optuna's heartbeat grace period.
@@ -168,7 +171,7 @@ def run(req: RunRequest, view: RunView | None = None) -> RunSummary:
         summary.trials = _counts(study)
         summary.baseline = _baseline_value(study)
         if summary.trials["complete"]:
-            summary.best = study.best_value
+            summary.best = max(_throughput(t) for t in _complete(study))
             export_profile(study, profile_path, budget_s=d.budget_s, note=True)
             summary.profile_path = profile_path
         return summary
@@ -197,13 +200,16 @@ def _open_study(
         "backend": space.target.backend,
         "global_batch": global_batch,
     }
+    directions = [optuna.study.StudyDirection.MAXIMIZE]
+    if d.multi_objective:  # and the least peak memory per rank
+        directions.append(optuna.study.StudyDirection.MINIMIZE)
     existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage)}
     if name in existing:
         study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
-        if study.direction != optuna.study.StudyDirection.MAXIMIZE:
+        if study.directions != directions:
             raise ConfigError(
-                f"--study-name {name}: that study in {url} is not a maximisation study; "
-                f"choose another --study-name"
+                f"--study-name {name}: that study in {url} was not made for --objective "
+                f"{d.objective}; choose another --study-name"
             )
         old = study.user_attrs.get(ATTR, {}).get("workload")
         if old is not None and old != workload:
@@ -214,11 +220,11 @@ def _open_study(
         _print(view, f"Resuming study [bold]{name}[/] ({len(study.trials)} trials so far)")
     else:
         study = optuna.create_study(
-            study_name=name, storage=storage, sampler=sampler, direction="maximize"
+            study_name=name, storage=storage, sampler=sampler, directions=directions
         )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.set_metric_names(["samples_per_s"])
+            study.set_metric_names(METRICS[: len(directions)])
         _print(view, f"New study [bold]{name}[/]")
     record = dict(study.user_attrs.get(ATTR, {}))
     record.update(
@@ -296,7 +302,12 @@ def _baseline_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
 
 def _baseline_value(study: optuna.Study) -> float | None:
     t = _baseline_trial(study)
-    return None if t is None else t.value
+    return None if t is None else _throughput(t)
+
+
+def _throughput(t: optuna.trial.FrozenTrial) -> float:
+    """A COMPLETE trial's samples/s (its first objective, whatever the study's objectives)."""
+    return t.values[0]
 
 
 def _counts(study: optuna.Study) -> dict[str, int]:
@@ -381,14 +392,14 @@ class _Loop:
             self.plan = _validation_plan(self.d, self.d.budget_s, run)
             # Room for the re-validation once there is something to re-validate.
             base = _baseline_value(study)
-            above = base is not None and any(t.value > base for t in _complete(study))
+            above = base is not None and any(_throughput(t) > base for t in _complete(study))
             runs = 0 if self.plan is None or not above else (self.plan[0] + 1) * self.plan[1]
             if left < wall + run * runs:
                 study.stop()
                 return
         self.runner.ensure_placed()
 
-    def objective(self, trial: optuna.Trial) -> float:
+    def objective(self, trial: optuna.Trial) -> float | tuple[float, float]:
         t0 = time.monotonic()
         trial.set_user_attr("driver", DRIVER)
         values = self.space.suggest(trial)
@@ -402,9 +413,10 @@ class _Loop:
             illegal = self.space.illegal(values)
             if illegal:
                 raise TrialFailed("illegal", illegal)
-            result = self._measure(
-                trial.number, config, None if is_baseline else _incumbent(self.study)
-            )
+            # Pruning compares throughput only: it would cut memory-lean configurations short
+            # in a multi-objective study, and Optuna has no pruning there.
+            prune = not (is_baseline or self.d.multi_objective)
+            result = self._measure(trial.number, config, _incumbent(self.study) if prune else None)
         except KeyboardInterrupt:
             # Optuna records the trial FAIL and re-raises; the runner has killed its ranks.
             trial.set_user_attr("reason", "interrupted")
@@ -453,8 +465,9 @@ class _Loop:
         drifted = None if is_baseline else self._drift(config, attrs)
         for k, v in attrs.items():
             trial.set_user_attr(k, v)
-        for i, w in enumerate(result.windows):
-            trial.report(w, i)  # the dashboard's intermediate values: one per window
+        if not self.d.multi_objective:  # Optuna takes no intermediate values there
+            for i, w in enumerate(result.windows):
+                trial.report(w, i)  # the dashboard's intermediate values: one per window
         self.walls.append(time.monotonic() - t0)
         per_window = result.window_s / len(result.windows)
         self.rerun_walls.append(result.overhead_s + self.d.measure.min_windows * per_window)
@@ -468,6 +481,8 @@ class _Loop:
             raise optuna.TrialPruned(
                 f"upper bound {result.interval.high:.1f} below the incumbent's interval"
             )
+        if self.d.multi_objective:
+            return result.throughput, max(r["peak_memory_mb"] for r in ranks)
         return result.throughput
 
     def _drift(self, config: TrialConfig, attrs: dict[str, Any]) -> TrialFailed | None:
@@ -500,9 +515,9 @@ class _Loop:
         top, rounds = self.plan
         candidates: dict[str, optuna.trial.FrozenTrial] = {}
         seen = set()
-        for t in sorted(_complete(self.study), key=lambda t: -t.value):
+        for t in sorted(_complete(self.study), key=lambda t: -_throughput(t)):
             key = tuple(sorted(t.params.items()))
-            if t.number == base.number or key in seen or t.value <= base.value:
+            if t.number == base.number or key in seen or _throughput(t) <= _throughput(base):
                 continue
             seen.add(key)
             candidates[f"trial {t.number}"] = t
@@ -622,7 +637,7 @@ def _validation_plan(
     with three: rounds are worth more than candidates); None when even one candidate over two
     rounds does not fit in half of it."""
     top, rounds = d.validate_top, d.validate_rounds
-    if top == 0:
+    if top == 0 or d.multi_objective:  # the profile is chosen from the Pareto front instead
         return None
     while (top + 1) * rounds * run_wall_s > budget_s / 3 and (rounds > 2 or top > 1):
         if top > 1:
@@ -634,6 +649,22 @@ def _validation_plan(
     return top, rounds
 
 
+#: How the profile of a throughput-and-memory study is chosen from its Pareto front.
+PARETO_RULE = (
+    "the fastest configuration on the Pareto front that needs no more peak memory per rank "
+    "than the defaults (the fastest on the front when every one needs more)"
+)
+
+
+def _pareto_choice(
+    front: list[optuna.trial.FrozenTrial], base: optuna.trial.FrozenTrial | None
+) -> optuna.trial.FrozenTrial:
+    """``PARETO_RULE``: applying the profile then never costs memory when it can be helped."""
+    limit = None if base is None else base.values[1]
+    lean = [t for t in front if limit is None or t.values[1] <= limit]
+    return max(lean or front, key=_throughput)
+
+
 def _complete(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
 
@@ -643,7 +674,7 @@ def _incumbent(study: optuna.Study) -> Interval | None:
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     if not complete:
         return None
-    best = max(complete, key=lambda t: t.value)
+    best = max(complete, key=_throughput)
     if "interval" not in best.user_attrs:
         return None  # measured by an autotune without intervals
     return Interval.from_dict(best.user_attrs["interval"])
@@ -662,11 +693,16 @@ def failure_reasons(study: optuna.Study) -> Counter[str]:
 
 
 def export_profile(
-    study: optuna.Study, path: Path, *, budget_s: float | None = None, note: bool = False
+    study: optuna.Study,
+    path: Path,
+    *,
+    budget_s: float | None = None,
+    note: bool = False,
+    trial: int | None = None,
 ) -> Path:
     """Write ``study``'s profile (``study_profile``) to ``path``; with ``note``, also put it
     in the study's optuna-dashboard note."""
-    profile = study_profile(study, budget_s=budget_s)
+    profile = study_profile(study, budget_s=budget_s, trial=trial)
     saved = profile.save(path)
     if note:
         from optuna_dashboard import save_note
@@ -676,31 +712,64 @@ def export_profile(
     return saved
 
 
-def study_profile(study: optuna.Study, *, budget_s: float | None = None) -> Profile:
+def study_profile(
+    study: optuna.Study, *, budget_s: float | None = None, trial: int | None = None
+) -> Profile:
     """The profile of ``study``: the re-validation's winner when there is one, else the best
-    COMPLETE trial, with the evidence in ``measured``."""
+    COMPLETE trial (with ``--objective throughput,memory``: chosen from the Pareto front, see
+    ``_pareto_choice``), or trial number ``trial``; with the evidence in ``measured``."""
     record = study.user_attrs.get(ATTR)
     if not record:
         raise ConfigError(f"--study-name {study.study_name}: not an autotune study")
-    if not _complete(study):
+    complete = _complete(study)
+    if not complete:
         raise ConfigError(
             f"--study-name {study.study_name}: no COMPLETE trial to export yet; run it first"
         )
-    best = study.best_trial
     base = _baseline_trial(study)
-    baseline = base.value if base is not None else None
+    multi = len(study.directions) > 1
+    front = sorted(study.best_trials, key=_throughput) if multi else []
+    best = _pareto_choice(front, base) if multi else max(complete, key=_throughput)
+    if trial is not None:
+        best = next((t for t in complete if t.number == trial), None)
+        if best is None:
+            raise ConfigError(
+                f"--trial {trial}: not a COMPLETE trial of {study.study_name}; pick one of "
+                f"{', '.join(str(t.number) for t in complete)}"
+            )
+    baseline = _throughput(base) if base is not None else None
     counts = _counts(study)
     measured: dict[str, Any] = {
         "baseline_samples_per_s": None if baseline is None else round(baseline, 2),
-        "best_samples_per_s": round(best.value, 2),
-        "speedup": None if not baseline else round(best.value / baseline, 3),
+        "best_samples_per_s": round(_throughput(best), 2),
+        "speedup": None if not baseline else round(_throughput(best) / baseline, 3),
         "interval": best.user_attrs.get("interval"),
         "trials": counts,
         "budget": None if budget_s is None else format_duration(budget_s),
         "tuning_s": round(sum(t.user_attrs.get("wall_s", 0.0) for t in study.trials), 1),
     }
-    validation = study.user_attrs.get("validation")
-    if validation and base is not None:
+    if multi:
+        measured["baseline_peak_memory_mb"] = None if base is None else base.values[1]
+        measured["pareto"] = [
+            {
+                "trial": t.number,
+                "samples_per_s": round(t.values[0], 2),
+                "peak_memory_mb": t.values[1],
+                "speedup": None if not baseline else round(t.values[0] / baseline, 3),
+            }
+            for t in front
+        ]
+    validation = None if trial is not None or multi else study.user_attrs.get("validation")
+    if trial is not None:
+        measured["validation"] = None
+        measured["note"] = f"trial {trial}, chosen by hand (autotune export --trial)"
+    elif multi:
+        measured["validation"] = None
+        measured["note"] = (
+            f"--objective throughput,memory: {PARETO_RULE} ({len(front)} on the front, listed "
+            f"in pareto; `autotune export --trial N` writes another); not re-validated"
+        )
+    elif validation and base is not None:
         # The choice made from the interleaved re-measurements, not the search's best value
         # (which is biased upwards: it is the maximum of many noisy measurements).
         winner = validation["winner"]
