@@ -112,6 +112,13 @@ def _parser() -> argparse.ArgumentParser:
         help="interleaved rounds of that re-measurement (default 3)",
     )
     r.add_argument(
+        "--free-batch",
+        action="store_true",
+        default=None,
+        help="let the tuner change the global batch (the per-rank batch becomes a knob); "
+        "training dynamics change, and the profile says so",
+    )
+    r.add_argument(
         "--allow-drift",
         action="store_true",
         default=None,
@@ -216,6 +223,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         validate_top=args.validate_top,
         validate_rounds=args.validate_rounds,
         allow_drift=args.allow_drift,
+        free_batch=args.free_batch,
         objective=args.objective,
         trial_timeout_s=(
             None

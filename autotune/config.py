@@ -70,7 +70,8 @@ class TrialConfig:
             data["prefetch_factor"] = values["prefetch_factor"]
             data["persistent_workers"] = values["persistent_workers"]
         micro = values["micro_batch"]
-        per_rank = target.per_rank_batch
+        # --free-batch: the micro-batch is the per-rank batch (the global batch follows it)
+        per_rank = micro if target.free_batch else target.per_rank_batch
         return cls(
             env=env,
             ddp={

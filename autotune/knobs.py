@@ -55,6 +55,9 @@ class Target:
     """The device runs bf16 autocast (any CPU; CUDA devices that report bf16 support)."""
     tf32: bool = False
     """The device has TF32 tensor cores (CUDA compute capability 8.0 or newer)."""
+    free_batch: bool = False
+    """``--free-batch``: ``micro_batch`` is the per-rank batch itself (no accumulation), so the
+    global batch changes with it; otherwise accumulation keeps the workload's global batch."""
 
     @property
     def per_rank_batch(self) -> int:
@@ -125,12 +128,14 @@ def _threads_drop(t: Target) -> str | None:
 
 
 def _micro_batch_drop(t: Target) -> str | None:
-    if t.per_rank_batch <= 1:
+    if t.per_rank_batch <= 1 and not t.free_batch:
         return f"the per-rank batch is {t.per_rank_batch}: there is nothing to split"
     return None
 
 
 def _micro_batch_choice(t: Target, v: Any) -> str | None:
+    if t.free_batch:
+        return None if _is_int(v) and v >= 1 else "is not a positive whole number"
     if not _is_int(v) or v < 1 or t.per_rank_batch % v:
         return f"does not divide the per-rank batch {t.per_rank_batch}"
     return None
@@ -206,7 +211,7 @@ def _workers_on(v: Any, t: Target) -> bool:
 
 
 def _no_accumulation(v: Any, t: Target) -> bool:
-    return v == t.per_rank_batch
+    return t.free_batch or v == t.per_rank_batch
 
 
 _KNOB_LIST = [
@@ -400,7 +405,8 @@ def knob(name: str) -> Knob:
 
 def illegal_combination(values: Mapping[str, Any], target: Target) -> str | None:
     """Why this full assignment of knob values breaks a documented rule, or None."""
-    if values.get("static_graph") and values.get("micro_batch", 0) < target.per_rank_batch:
+    accumulates = not target.free_batch and values.get("micro_batch", 0) < target.per_rank_batch
+    if values.get("static_graph") and accumulates:
         # Seen here: torch 2.13's reducer fails an internal assert on the first no_sync step.
         return "static_graph cannot be combined with gradient accumulation (DDP no_sync)"
     threads = values.get("NCCL_SOCKET_NTHREADS", UNSET)

@@ -9,7 +9,7 @@ same strict loader (``Profile.load``) that the user's training script uses::
     hardware:  {device, device_name, device_count, node_count, torch, nccl}
     measured:  {baseline_samples_per_s, best_samples_per_s, speedup, speedup_interval,
                 interval, validation, trials, budget, tuning_s, note, numerics_drift?,
-                baseline_peak_memory_mb?, pareto?}
+                baseline_peak_memory_mb?, pareto?, batch_changed?}
     env:       {NCCL_ALGO: Ring, OMP_NUM_THREADS: "1", ...}   # flat map, string values
     ddp:       {bucket_cap_mb, gradient_as_bucket_view, static_graph, comm_hook: {name, ...}}
     data:      {num_workers, pin_memory, prefetch_factor?, persistent_workers?}
@@ -40,7 +40,7 @@ PROFILE_VERSION = 1
 
 _SECTIONS = {
     "study": ("name", "best_trial", "baseline_trial"),
-    "workload": ("trainer", "options", "world_size", "backend", "global_batch"),
+    "workload": ("trainer", "options", "world_size", "backend", "global_batch", "free_batch"),
     "hardware": ("device", "device_name", "device_count", "node_count", "torch", "nccl"),
     "measured": (
         "baseline_samples_per_s",
@@ -56,6 +56,7 @@ _SECTIONS = {
         "numerics_drift",
         "baseline_peak_memory_mb",
         "pareto",
+        "batch_changed",
     ),
     "ddp": ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "comm_hook"),
     "data": ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers"),

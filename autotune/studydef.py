@@ -39,6 +39,7 @@ _KEYS = (
     "validate_top",
     "validate_rounds",
     "allow_drift",
+    "free_batch",
     "drift_tolerance",
 )
 _MEASURE_KEYS = tuple(f.name for f in fields(MeasureSettings))
@@ -82,6 +83,9 @@ class StudyDefinition:
     before the profile is chosen (0: no re-validation)."""
     validate_rounds: int = 3
     """Interleaved rounds of that re-measurement (each measures every candidate once)."""
+    free_batch: bool = False
+    """Let the tuner change the global batch (the per-rank batch is a knob); training dynamics
+    change with it, and the profile says so."""
     allow_drift: bool = False
     """Keep configurations whose loss drifts from the fp32 baseline's (``autotune.numerics``)."""
     drift_tolerance: float = DEFAULT_TOLERANCE
@@ -129,6 +133,7 @@ class StudyDefinition:
             validate_top=data.get("validate_top", 3),
             validate_rounds=data.get("validate_rounds", 3),
             allow_drift=data.get("allow_drift", False),
+            free_batch=data.get("free_batch", False),
             drift_tolerance=data.get("drift_tolerance", DEFAULT_TOLERANCE),
         )
         d.check(where)
@@ -164,8 +169,9 @@ class StudyDefinition:
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ConfigError(f"{where}: {key} must be a whole number >= {low}, got {v!r}")
-        if not isinstance(self.allow_drift, bool):
-            raise ConfigError(f"{where}: allow_drift must be true or false")
+        for key in ("allow_drift", "free_batch"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"{where}: {key} must be true or false")
         tol = self.drift_tolerance
         if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < 10:
             raise ConfigError(

@@ -140,6 +140,7 @@ def run(req: RunRequest, view: RunView | None = None) -> RunSummary:
             cpus_per_rank=max(1, hw["cpus"] // ranks_per_node),
             bf16=hw["bf16"],
             tf32=hw["tf32"],
+            free_batch=d.free_batch,
         )
         # 3. The space this study searches.
         resolved = space.resolve(target)
@@ -200,6 +201,8 @@ def _open_study(
         "backend": space.target.backend,
         "global_batch": global_batch,
     }
+    if d.free_batch:  # another study: its trials measure other global batches
+        workload["free_batch"] = True
     directions = [optuna.study.StudyDirection.MAXIMIZE]
     if d.multi_objective:  # and the least peak memory per rank
         directions.append(optuna.study.StudyDirection.MINIMIZE)
@@ -492,6 +495,8 @@ class _Loop:
         changed = changes_numerics(config)
         base = _baseline_trial(self.study)
         base_curve = None if base is None else base.user_attrs.get("loss_curve")
+        if base is not None and base.user_attrs["config"]["global_batch"] != config.global_batch:
+            base_curve = None  # --free-batch: other samples per step, no like-for-like curve
         found = drift(attrs["loss_curve"], base_curve) if changed and base_curve else None
         if found is None:
             return None
@@ -811,6 +816,13 @@ def study_profile(
                 "not re-validated: the speedup is the search's best single trial, biased "
                 "upwards; run with --validate-top 3 for an interval"
             )
+    declared = record["workload"]["global_batch"]
+    if best.user_attrs["config"]["global_batch"] != declared:
+        measured["batch_changed"] = (
+            f"global batch {best.user_attrs['config']['global_batch']} instead of the "
+            f"workload's {declared} (--free-batch): training dynamics change; a learning rate, "
+            f"warm-up or schedule tuned for {declared} may need tuning again"
+        )
     if "numerics_drift" in best.user_attrs:  # only a study that allows drift exports it
         measured["numerics_drift"] = best.user_attrs["numerics_drift"]
     return Profile.from_config(
