@@ -349,7 +349,7 @@ class TrialRunner:
         deadline = started + timeout_s
         keep = False
         try:
-            addr, port = self._ranks(config.env, timeout_s)
+            addr, port = self._ranks(config.env, deadline)
             actors = self._pool
             refs = {
                 actors[i].run.remote(
@@ -395,7 +395,7 @@ class TrialRunner:
         results.sort(key=lambda r: r["rank"])
         return TrialResult(ranks=results, wall_s=time.monotonic() - started)
 
-    def _ranks(self, env: dict[str, str], timeout_s: float) -> tuple[str, int]:
+    def _ranks(self, env: dict[str, str], deadline: float) -> tuple[str, int]:
         """Make ``self._pool`` the trial's rank actors; return rank 0's address for the process
         group (a new port every trial). The pool serves when it was started with ``env`` and
         every actor answers at once; otherwise it is killed and fresh actors are started."""
@@ -430,10 +430,11 @@ class TrialRunner:
         ]
         self._pool_env = dict(env)
         try:
-            return ray.get(self._pool[0].address.remote(serve=True), timeout=timeout_s)
+            left = max(deadline - time.monotonic(), 1.0)  # the trial's deadline holds
+            return ray.get(self._pool[0].address.remote(serve=True), timeout=left)
         except rex.GetTimeoutError:
             raise TrialFailed(
-                "timeout", f"rank processes did not start in {timeout_s:.0f}s"
+                "timeout", f"rank processes did not start in {left:.0f}s"
             ) from None
         except rex.RayError as e:
             raise _failure(0, e) from None
