@@ -433,9 +433,7 @@ class TrialRunner:
             left = max(deadline - time.monotonic(), 1.0)  # the trial's deadline holds
             return ray.get(self._pool[0].address.remote(serve=True), timeout=left)
         except rex.GetTimeoutError:
-            raise TrialFailed(
-                "timeout", f"rank processes did not start in {left:.0f}s"
-            ) from None
+            raise TrialFailed("timeout", f"rank processes did not start in {left:.0f}s") from None
         except rex.RayError as e:
             raise _failure(0, e) from None
 

@@ -81,7 +81,7 @@ class StudyDefinition:
     validate_top: int = 3
     """How many of the best configurations are re-measured against the baseline, interleaved,
     before the profile is chosen (0: no re-validation)."""
-    validate_rounds: int = 3
+    validate_rounds: int = 5
     """Interleaved rounds of that re-measurement (each measures every candidate once)."""
     free_batch: bool = False
     """Let the tuner change the global batch (the per-rank batch is a knob); training dynamics
@@ -131,7 +131,7 @@ class StudyDefinition:
                 else parse_size_mb(data["max_memory"], what=f"{where}: max_memory")
             ),
             validate_top=data.get("validate_top", 3),
-            validate_rounds=data.get("validate_rounds", 3),
+            validate_rounds=data.get("validate_rounds", 5),
             allow_drift=data.get("allow_drift", False),
             free_batch=data.get("free_batch", False),
             drift_tolerance=data.get("drift_tolerance", DEFAULT_TOLERANCE),
