@@ -19,7 +19,8 @@ What it does, in order (one local Ray instance for all of it):
    compression hook, AMP (bf16 on a CPU, where fp16 autocast is not a setting; fp16 on a GPU),
    4 DataLoader workers (pinned memory on a GPU), accumulation 4 at the same global batch.
 4. Every contender's configuration is measured again, interleaved (Williams design),
-   ``--rounds`` rounds, by one runner, after one discarded run that warms its processes.
+   ``--rounds`` rounds of short runs (``min_windows`` windows each), by one runner, after one
+   discarded run that warms its processes.
    Identical configurations are measured once. Ratios against the defaults and against the
    oracle are paired by round, with 95 % intervals (``autotune.stats.speedup_ci``).
 
@@ -74,7 +75,7 @@ def args_parser() -> argparse.ArgumentParser:
     p.add_argument("--study", default="default", help="study definition (name or path)")
     p.add_argument("--budget", default="10m", help="budget of each tuning run (tuner, random)")
     p.add_argument("--seeds", type=int, default=5, help="seeds for the tuner and random search")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the final runs")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the final runs")
     p.add_argument("--oracle-space", default=str(HERE / "oracle_space.yaml"))
     p.add_argument("--oracle-budget", default="60m", help="cap on the grid (stops when done)")
     p.add_argument("--out", default=str(HERE / "results"), help="where results are written")
@@ -200,13 +201,17 @@ def side_by_side(
     failed: dict[str, str] = {}
     print(f"\n=== side by side: {len(configs)} configurations x {rounds} rounds", flush=True)
 
+    # Short runs (min_windows windows each) in more rounds, as autotune's re-validation does:
+    # the noise that matters is between runs, not between the windows of one run.
+    short = replace(d.measure, max_windows=d.measure.min_windows)
+
     def measure(i: int, cfg: TrialConfig) -> float:
         return runner.run(
             trial=i,
             trainer=d.trainer,
             trainer_options=d.trainer_options,
             config=cfg,
-            measure=d.measure,
+            measure=short,
             seed=d.seed or 0,
             timeout_s=300,
             max_memory_mb=d.max_memory_mb,
