@@ -274,6 +274,19 @@ def _study_id(url: str, name: str) -> int:
     return optuna.storages.get_storage(url).get_study_id_from_name(name)
 
 
+def _exported_line(path: Path) -> str:
+    """What the exported profile says, in one line: the speedup it stands for and on what."""
+    from autotune.profile import Profile
+
+    m = Profile.load(path).measured
+    speedup, ci = m.get("speedup"), m.get("speedup_interval")
+    if m.get("validation") and ci:
+        if ci == [1.0, 1.0]:
+            return "the defaults: no candidate beat them beyond the noise in the re-validation"
+        return f"{speedup:.2f}x the defaults, re-validated (95 % interval {ci[0]:.2f}-{ci[1]:.2f}x)"
+    return f"{speedup:.2f}x the defaults ({m.get('note', 'not re-validated')})"
+
+
 def _print_summary(console: Any, summary: Any) -> None:
     from autotune.progress import failure_line, summary_table
 
@@ -293,9 +306,11 @@ def _print_summary(console: Any, summary: Any) -> None:
         say(failed)
     if summary.baseline and summary.best:
         say(
-            f"Throughput baseline {summary.baseline:.1f} samples/s, best "
+            f"Search     baseline {summary.baseline:.1f} samples/s, best single trial "
             f"{summary.best:.1f} samples/s ({summary.best / summary.baseline:.2f}x)"
         )
+    if summary.profile_path:
+        say(f"Exported   {_exported_line(summary.profile_path)}")
     say(f"Storage    {summary.storage_url}")
     if summary.profile_path:
         say(f"Profile    {summary.profile_path}")

@@ -112,10 +112,15 @@ def summary_table(study: Any, *, top: int = 5) -> Table:
     """The baseline and the best ``top`` COMPLETE trials: throughput, speedup, what changed."""
     from optuna.trial import TrialState
 
+    from autotune.knobs import KNOBS
     from autotune.tuner import _baseline_trial
 
     base = _baseline_trial(study)
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    # The baseline's params lack the knobs it left inactive (persistent_workers without
+    # workers): those compare with the knob's own default.
+    fixed = {k: kn.default for k, kn in KNOBS.items() if not callable(kn.default)}
+    reference = None if base is None else {**fixed, **base.params}
     multi = len(study.directions) > 1
     front = {t.number for t in study.best_trials} if multi else set()
     ranked = sorted(complete, key=lambda t: -t.values[0])[:top]
@@ -146,7 +151,7 @@ def summary_table(study: Any, *, top: int = 5) -> Table:
             f"{t.values[0]:.1f}",
             f"{t.user_attrs.get('speedup', float('nan')):.2f}x",
             *memory,
-            changed_settings(t.params, None if base is None else base.params),
+            changed_settings(t.params, reference),
         )
     return table
 
