@@ -291,7 +291,7 @@ def _print_summary(console: Any, summary: Any) -> None:
     from autotune.progress import failure_line, summary_table
 
     def say(text: str) -> None:
-        console.print(text, highlight=False, soft_wrap=True)
+        console.print(text, highlight=False, soft_wrap=True, markup=False)
 
     t = summary.trials
     say("")

@@ -33,6 +33,7 @@ from typing import Any
 
 import optuna
 from optuna.trial import TrialState
+from rich.markup import escape
 
 from autotune import storage as storage_mod
 from autotune.config import MeasureSettings, TrialConfig
@@ -220,7 +221,7 @@ def _open_study(
                 f"--study-name {name}: that study measured workload {old}, this run asks for "
                 f"{workload}; choose another --study-name"
             )
-        _print(view, f"Resuming study [bold]{name}[/] ({len(study.trials)} trials so far)")
+        _print(view, f"Resuming study [bold]{escape(name)}[/] ({len(study.trials)} trials so far)")
     else:
         study = optuna.create_study(
             study_name=name, storage=storage, sampler=sampler, directions=directions
@@ -228,7 +229,7 @@ def _open_study(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(METRICS[: len(directions)])
-        _print(view, f"New study [bold]{name}[/]")
+        _print(view, f"New study [bold]{escape(name)}[/]")
     record = dict(study.user_attrs.get(ATTR, {}))
     record.update(
         version=1,
@@ -248,7 +249,7 @@ def _open_study(
     if space.dropped:
         _print(view, "Left out on this backend/device (no trial is spent on a no-op):")
         for item in space.dropped:
-            _print(view, f"  - {item}")
+            _print(view, f"  - {escape(str(item))}")
     closed = _close_abandoned_trials(study)
     if closed:
         _print(
@@ -557,7 +558,7 @@ class _Loop:
                 result = self._measure(trials[key].number, config, measure=rerun)
             except TrialFailed as e:
                 failed[key] = f"{e.reason}: {e.detail}"
-                _print(self.view, f"  {key:>10} [red]FAIL[/] {failed[key]}")
+                _print(self.view, f"  {key:>10} [red]FAIL[/] {escape(failed[key])}")
                 if key == "baseline":
                     _print(self.view, "The baseline failed: re-validation abandoned")
                     return None
@@ -593,7 +594,7 @@ class _Loop:
                 f"(95% interval {sp.low:.2f}-{sp.high:.2f}x)",
             )
         else:
-            _print(self.view, f"Validated: {v.reason}")
+            _print(self.view, f"Validated: {escape(v.reason)}")
         return record
 
     def _report(
@@ -616,7 +617,7 @@ class _Loop:
             _print(
                 self.view,
                 f"[{elapsed}] {tag:>9} [red]FAIL[/] {failure.reason}: "
-                f"{failure.detail}  [dim]{shown}[/]",
+                f"{escape(failure.detail)}  [dim]{escape(shown)}[/]",
             )
             return
         ci = result.interval
@@ -625,7 +626,7 @@ class _Loop:
         _print(
             self.view,
             f"[{elapsed}] {tag:>9} [green]{ci.median:9.1f}[/] samples/s "
-            f"{speedup:5.2f}x {how}  [dim]{shown}[/]",
+            f"{speedup:5.2f}x {how}  [dim]{escape(shown)}[/]",
         )
 
     def _changed(self, params: dict[str, Any]) -> str:

@@ -197,3 +197,22 @@ def test_live_bar_never_runs_past_the_budget(budget):
         view._progress.get_renderable()
         task = view._progress.tasks[0]
     assert task.completed == budget and task.total == budget
+
+
+def test_a_failure_detail_with_brackets_is_printed_as_it_is():
+    # gloo's errors carry "[/path/to/pair.cc:537]", which rich would read as a closing tag
+    from autotune.errors import TrialFailed
+    from autotune.tuner import _Loop
+
+    out = io.StringIO()
+    console = Console(file=out, width=200, force_terminal=False)
+    view = RunView(console, budget_s=60, live=False)
+    loop = _Loop.__new__(_Loop)
+    loop.view, loop.started = view, 0.0
+    loop.space = type("S", (), {"defaults": staticmethod(lambda: {})})()
+    detail = "rank 1: RuntimeError: [/__w/pytorch/third_party/gloo/transport/tcp/pair.cc:537] reset"
+    trial = type("T", (), {"number": 3, "user_attrs": {}})()
+    loop._report(trial, None, None, params={"comm_hook": "[fp16]"},
+                 failure=TrialFailed("crash", detail))  # fmt: skip
+    text = out.getvalue()
+    assert detail in text and "comm_hook=[fp16]" in text
