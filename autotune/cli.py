@@ -156,26 +156,12 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
 
     db = sub.add_parser("dashboard", help="open the study storage in optuna-dashboard")
-    db.add_argument(
-        "--study-name",
-        "--study",
-        dest="study_name",
-        help="print the address of this study's page (the server shows every study)",
-    )
-    db.add_argument("--storage", help="Optuna RDB URL (default: sqlite in the run directory)")
-    db.add_argument("--run-dir", type=Path)
+    _study_source(db, "print the address of this study's page (the server shows every study)")
     db.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     db.add_argument("--port", type=int, default=8080)
 
     rp = sub.add_parser("report", help="write an HTML report and PNG figures of a study")
-    rp.add_argument(
-        "--study-name",
-        "--study",
-        dest="study_name",
-        help="the study (default: the only study in the storage)",
-    )
-    rp.add_argument("--storage", help="Optuna RDB URL (default: sqlite in the run directory)")
-    rp.add_argument("--run-dir", type=Path)
+    _study_source(rp, "the study (default: the only study in the storage)")
     rp.add_argument(
         "-o",
         "--output",
@@ -187,6 +173,13 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("trainers", help="list the built-in trainers")
     sub.add_parser("studies", help="list the built-in study definitions")
     return p
+
+
+def _study_source(p: argparse.ArgumentParser, study_help: str) -> None:
+    """--study-name (alias --study), --storage and --run-dir: which study, where."""
+    p.add_argument("--study-name", "--study", dest="study_name", help=study_help)
+    p.add_argument("--storage", help="Optuna RDB URL (default: sqlite in the run directory)")
+    p.add_argument("--run-dir", type=Path)
 
 
 def _trainer_options(items: list[str]) -> dict[str, Any]:
