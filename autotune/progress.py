@@ -113,10 +113,10 @@ def summary_table(study: Any, *, top: int = 5) -> Table:
     from optuna.trial import TrialState
 
     from autotune.knobs import KNOBS
-    from autotune.tuner import _baseline_trial
+    from autotune.tuner import _baseline_trial, _complete
 
     base = _baseline_trial(study)
-    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    complete = _complete(study)
     # The baseline's params lack the knobs it left inactive (persistent_workers without
     # workers): those compare with the knob's own default.
     fixed = {k: kn.default for k, kn in KNOBS.items() if not callable(kn.default)}

@@ -151,8 +151,14 @@ def run(req: RunRequest, view: RunView | None = None) -> RunSummary:
         # 4. The study.
         study = _open_study(name, storage_url, d, resolved, workload.global_batch, hw, view)
         profile_path = req.profile_path or req.run_dir / "profiles" / f"{name}.yaml"
-        loop = _Loop(study=study, runner=runner, space=resolved, definition=d, view=view)
-        loop.tokens_per_sample = workload.tokens_per_sample
+        loop = _Loop(
+            study=study,
+            runner=runner,
+            space=resolved,
+            definition=d,
+            view=view,
+            tokens_per_sample=workload.tokens_per_sample,
+        )
         summary = RunSummary(study_name=name, storage_url=storage_url, profile_path=None)
         # 5. Trials until the budget is spent.
         try:
@@ -298,7 +304,7 @@ def _close_abandoned_trials(study: optuna.Study) -> list[int]:
 
 
 def _baseline_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+    for t in _complete(study):
         if t.user_attrs.get("baseline"):
             return t
     return None
@@ -335,9 +341,10 @@ class _Loop:
         space: ResolvedSpace,
         definition: StudyDefinition,
         view: RunView | None,
+        tokens_per_sample: int | None = None,
     ) -> None:
         self.study, self.runner, self.space, self.d = study, runner, space, definition
-        self.tokens_per_sample: int | None = None  # language models: tokens/s recorded too
+        self.tokens_per_sample = tokens_per_sample  # language models: tokens/s recorded too
         self.view = view
         self.started = time.monotonic()
         self.walls: list[float] = []
@@ -431,11 +438,9 @@ class _Loop:
             trial.set_user_attr("reason_detail", str(e))
             raise
         except TrialFailed as e:
-            trial.set_user_attr("reason", e.reason)
-            trial.set_user_attr("reason_detail", e.detail)
             trial.set_user_attr("wall_s", round(time.monotonic() - t0, 3))
             self.walls.append(time.monotonic() - t0)
-            self._report(trial, None, None, params=trial.params, failure=e)
+            self._failed(trial, e)
             if is_baseline:
                 raise BaselineFailed(
                     f"the baseline trial (PyTorch defaults) failed: {e}; the workload must run "
@@ -476,9 +481,7 @@ class _Loop:
         per_window = result.window_s / len(result.windows)
         self.rerun_walls.append(result.overhead_s + self.d.measure.min_windows * per_window)
         if drifted is not None:  # over pruning too: the more telling verdict
-            trial.set_user_attr("reason", drifted.reason)
-            trial.set_user_attr("reason_detail", drifted.detail)
-            self._report(trial, None, None, params=trial.params, failure=drifted)
+            self._failed(trial, drifted)
             raise drifted
         self._report(trial, result, speedup, params=trial.params)
         if result.pruned:
@@ -488,6 +491,12 @@ class _Loop:
         if self.d.multi_objective:
             return result.throughput, max(r["peak_memory_mb"] for r in ranks)
         return result.throughput
+
+    def _failed(self, trial: optuna.Trial, failure: TrialFailed) -> None:
+        """Record why ``trial`` fails (attributes ``reason``, ``reason_detail``) and show it."""
+        trial.set_user_attr("reason", failure.reason)
+        trial.set_user_attr("reason_detail", failure.detail)
+        self._report(trial, None, None, params=trial.params, failure=failure)
 
     def _drift(self, config: TrialConfig, attrs: dict[str, Any]) -> TrialFailed | None:
         """The numerics guard (``autotune.numerics``): record the drift of a configuration that
@@ -685,7 +694,7 @@ def _complete(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 
 def _incumbent(study: optuna.Study) -> Interval | None:
     """The best COMPLETE trial's throughput interval: a trial clearly below it is pruned."""
-    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    complete = _complete(study)
     if not complete:
         return None
     best = max(complete, key=_throughput)
