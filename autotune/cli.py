@@ -1,4 +1,4 @@
-"""The ``autotune`` command: run, export, report, dashboard, env, launch, and listings of
+"""The ``autotune`` command: run, export, report, dashboard, env, launch, lab, and listings of
 spaces, trainers and studies.
 
 Bad input is one line on stderr naming the thing and the fix, exit code 2, nothing written.
@@ -90,6 +90,21 @@ def _parser() -> argparse.ArgumentParser:
         help="join this Ray cluster (auto or HOST:PORT) instead of starting a local instance",
     )
     r.add_argument(
+        "--placement",
+        choices=("pack", "spread", "strict_pack", "strict_spread"),
+        help="how one trial's ranks are placed on the cluster's nodes (Ray placement-group "
+        "strategy; default pack: as few nodes as possible; spread: one rank per node where "
+        "it can)",
+    )
+    r.add_argument(
+        "--concurrent-trials",
+        type=int,
+        metavar="N",
+        help="trials measured at once, each in its own placement group (default: as many as "
+        "the cluster holds with every rank owning its share of a node's CPUs; 1 on one "
+        "machine)",
+    )
+    r.add_argument(
         "--profile",
         type=Path,
         help="where to write the profile YAML (default: RUN_DIR/profiles/STUDY_NAME.yaml)",
@@ -169,6 +184,26 @@ def _parser() -> argparse.ArgumentParser:
         help="directory for report.html and the PNGs (default: RUN_DIR/reports/STUDY_NAME)",
     )
 
+    lab = sub.add_parser(
+        "lab", help="a multi-node Ray cluster on this machine: namespaces and a shaped link"
+    )
+    lab_sub = lab.add_subparsers(dest="lab_command", required=True, parser_class=_Parser)
+    lu = lab_sub.add_parser("up", help="build the lab and start Ray on every node (root)")
+    lu.add_argument("--nodes", type=int, default=2, help="Ray nodes, one namespace each (2)")
+    lu.add_argument("--rate", default="1gbit", help="each node's link, as tc writes it (1gbit)")
+    lu.add_argument(
+        "--cpus-per-node",
+        type=int,
+        help="CPUs each Ray node offers (default: this machine's cores / nodes)",
+    )
+    lab_sub.add_parser("down", help="stop the lab's processes and delete its namespaces")
+    lab_sub.add_parser("status", help="what exists of the lab")
+    le = lab_sub.add_parser(
+        "exec", help="run a command in a node's namespace, RAY_ADDRESS set to the lab's head"
+    )
+    le.add_argument("--node", type=int, default=0, help="which node's namespace (0: the head)")
+    le.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
+
     sub.add_parser("spaces", help="list the built-in search spaces and the knobs they may use")
     sub.add_parser("trainers", help="list the built-in trainers")
     sub.add_parser("studies", help="list the built-in study definitions")
@@ -199,6 +234,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from autotune.studydef import StudyDefinition
     from autotune.tuner import RunRequest, run
 
+    if args.concurrent_trials is not None and args.concurrent_trials < 1:
+        raise ConfigError(f"--concurrent-trials: must be at least 1, got {args.concurrent_trials}")
     d = StudyDefinition.load(args.study)
     options = _trainer_options(args.trainer_option)
     if not args.trainer or args.trainer == d.trainer:
@@ -218,6 +255,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         allow_drift=args.allow_drift,
         free_batch=args.free_batch,
         objective=args.objective,
+        placement=args.placement,
+        concurrent_trials=args.concurrent_trials,
         trial_timeout_s=(
             None
             if args.trial_timeout is None
@@ -421,6 +460,47 @@ def _cmd_trainers(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_lab(args: argparse.Namespace) -> int:
+    from autotune import netlab
+
+    if args.lab_command == "up":
+        lab = netlab.up(nodes=args.nodes, rate=args.rate, cpus_per_node=args.cpus_per_node)
+        ips = ", ".join(netlab.node_ip(i) for i in range(lab.nodes))
+        print(
+            f"lab up: {lab.nodes} Ray nodes ({ips}, {lab.cpus_per_node} CPU each), "
+            f"every link shaped to {lab.rate}"
+        )
+        print(f"head    {lab.address} (namespace {netlab.node_ns(0)})")
+        print("run     autotune lab exec -- autotune run --address auto --study lab")
+        print("down    autotune lab down")
+        return 0
+    if args.lab_command == "down":
+        netlab.check_host()
+        gone = netlab.down()
+        print(f"lab down: deleted {', '.join(gone)}" if gone else "lab down: no lab was up")
+        return 0
+    if args.lab_command == "status":
+        netlab.check_host()
+        st = netlab.status()
+        if not st["namespaces"]:
+            print("no lab is up")
+            return 0
+        lab = st["lab"]
+        if lab is None:
+            print(
+                f"debris of a lab (no record): {', '.join(st['namespaces'])}; run autotune lab down"
+            )
+        else:
+            print(f"lab: {lab['nodes']} nodes, {lab['rate']}, head {st['address']}")
+        for n in st["nodes"]:
+            print(
+                f"  {n['namespace']:9} {n['address']:12} {n['processes']:3} processes  {n['qdisc']}"
+            )
+        return 0
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    return netlab.exec_in(cmd, node=args.node)
+
+
 def _cmd_studies(args: argparse.Namespace) -> int:
     from autotune.studydef import StudyDefinition, available_studies
 
@@ -441,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         "spaces": _cmd_spaces,
         "trainers": _cmd_trainers,
         "studies": _cmd_studies,
+        "lab": _cmd_lab,
     }[args.command]
     try:
         return command(args)

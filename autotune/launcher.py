@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
@@ -36,7 +37,7 @@ from autotune.hardware import describe
 from autotune.rank import NonFiniteLoss, RankSpec, run_rank
 from autotune.stats import Interval, median_ci
 
-__all__ = ["RayConnection", "TrialResult", "TrialRunner", "connect"]
+__all__ = ["RankPlan", "RayConnection", "TrialResult", "TrialRunner", "connect", "plan_ranks"]
 
 log = logging.getLogger(__name__)
 
@@ -133,10 +134,86 @@ def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayC
     return RayConnection(address=address, started_here=address is None)
 
 
-def _free_port() -> tuple[str, int]:
+@dataclass(frozen=True)
+class RankPlan:
+    """How one trial's ranks sit on the cluster, read from its alive nodes' resources."""
+
+    cpus_per_rank: int
+    """CPUs each rank's bundle reserves: its node's CPUs shared by the ranks on that node, so
+    that concurrent trials never share a core and the threads knob knows its range."""
+    ranks_per_node: int
+    """Ranks of one trial on one node: all of them (pack) or one per node (spread), as far
+    as the nodes allow."""
+    trials_fit: int
+    """Trials whose ranks the cluster holds at once with that reservation (at least 1)."""
+    nodes: int
+    """Alive nodes with CPUs."""
+
+
+def plan_ranks(
+    world_size: int, backend: str, placement: str = "pack", trials: int | None = None
+) -> RankPlan:
+    """The plan for ``world_size`` ranks placed with ``placement`` on the connected cluster.
+
+    One machine, 2 cores, 2 ranks: 1 CPU per rank, 1 trial. Four 8-core nodes, 2 ranks
+    packed: 4 CPUs per rank, 4 trials at once, one per node; spread: 8 CPUs per rank, 2
+    trials. With nccl each rank also takes a GPU, and a node's CPUs are shared by its GPUs."""
     import ray
 
-    ip = ray.util.get_node_ip_address()
+    alive = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    return rank_plan(alive, world_size, backend, placement, trials)
+
+
+def rank_plan(
+    resources: list[dict[str, float]],
+    world_size: int,
+    backend: str,
+    placement: str = "pack",
+    trials: int | None = None,
+) -> RankPlan:
+    """``plan_ranks`` for nodes with these Ray resources (``{"CPU": 8, "GPU": 1}``...).
+    ``trials``: that many trials must fit at once; the ranks' CPU share shrinks to make room
+    (never below 1; whether they really fit is up to the placement groups)."""
+    nodes = [r for r in resources if r.get("CPU", 0) >= 1]
+    if backend == "nccl":
+        nodes = [r for r in nodes if r.get("GPU", 0) >= 1]
+    if not nodes:
+        return RankPlan(cpus_per_rank=1, ranks_per_node=world_size, trials_fit=1, nodes=0)
+    # Ranks one node can hold (nccl: one per GPU).
+    room = [int(r["CPU"]) if backend != "nccl" else int(r["GPU"]) for r in nodes]
+    if placement.endswith("pack") and max(room) >= world_size:
+        per_node = world_size
+    else:
+        per_node = math.ceil(world_size / len(nodes))
+    hosts = [r for r, slots in zip(nodes, room, strict=True) if slots >= per_node] or nodes
+    if backend == "nccl":  # a node's CPUs are shared by its GPUs
+        cpus = max(1, min(int(r["CPU"]) // max(1, int(r["GPU"])) for r in hosts))
+    else:
+        cpus = max(1, min(int(r["CPU"]) // per_node for r in hosts))
+
+    def fit(cpus: int) -> int:
+        if backend == "nccl":
+            slots = [min(int(r["GPU"]), int(r["CPU"]) // cpus) for r in nodes]
+        else:
+            slots = [int(r["CPU"]) // cpus for r in nodes]
+        return sum((n // per_node) * per_node for n in slots) // world_size
+
+    while trials is not None and fit(cpus) < trials and cpus > 1:
+        cpus -= 1
+    return RankPlan(
+        cpus_per_rank=cpus, ranks_per_node=per_node, trials_fit=max(1, fit(cpus)),
+        nodes=len(nodes),
+    )  # fmt: skip
+
+
+def _node_ip() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+def _free_port() -> tuple[str, int]:
+    ip = _node_ip()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((ip, 0))
         return ip, s.getsockname()[1]
@@ -176,6 +253,7 @@ class RankActor:
         out["pg_at_start"] = self.pg_at_start
         out["process_trials"] = self.trials  # trials this process has run, this one included
         out["reused"] = self.trials > 1
+        out["node_ip"] = _node_ip()
         return out
 
 
@@ -277,6 +355,7 @@ class TrialRunner:
         cpus_per_rank: float = 1,
         strategy: str = "PACK",
         reuse: bool = True,
+        placement_timeout_s: float = PLACEMENT_TIMEOUT_S,
     ) -> None:
         import ray
         from ray.util.placement_group import placement_group
@@ -289,16 +368,18 @@ class TrialRunner:
         self.gpus_per_rank = 1 if backend == "nccl" else 0
         self.cpus_per_rank = cpus_per_rank
         bundle = {"CPU": cpus_per_rank, **({"GPU": 1} if self.gpus_per_rank else {})}
-        self.pg = placement_group([dict(bundle) for _ in range(world_size)], strategy=strategy)
+        self.strategy = strategy.upper()
+        self.pg = placement_group([dict(bundle) for _ in range(world_size)], strategy=self.strategy)
         try:
-            ray.get(self.pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
+            ray.get(self.pg.ready(), timeout=placement_timeout_s)
         except ray.exceptions.GetTimeoutError:
-            have = ray.cluster_resources()
+            have = ray.available_resources()
             ray.util.remove_placement_group(self.pg)
             raise ConfigError(
                 f"--world-size {world_size}: the Ray cluster cannot place {world_size} ranks of "
-                f"{bundle} (it has CPU={have.get('CPU', 0):g}, GPU={have.get('GPU', 0):g}); "
-                f"lower --world-size or add nodes"
+                f"{bundle} with --placement {self.strategy.lower()} (free: "
+                f"CPU={have.get('CPU', 0):g}, GPU={have.get('GPU', 0):g}); lower --world-size "
+                f"or --concurrent-trials, choose another --placement, or add nodes"
             ) from None
         self._actor_cls = ray.remote(max_restarts=0, max_task_retries=0)(RankActor)
         self._probe_fn = ray.remote(describe)
@@ -309,6 +390,20 @@ class TrialRunner:
         return PlacementGroupSchedulingStrategy(
             placement_group=self.pg, placement_group_bundle_index=index
         )
+
+    def node_ips(self) -> list[str]:
+        """The address of the node each bundle (rank) is placed on, in rank order."""
+        import ray
+        from ray.util import placement_group_table
+
+        by_id = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+        nodes = placement_group_table(self.pg).get("bundles_to_node_id", {})
+        return [by_id.get(nodes.get(i, ""), "?") for i in range(self.world_size)]
+
+    def abort(self) -> None:
+        """Kill the running trial's ranks now (Ctrl-C from another thread): the trial then
+        fails at once instead of running to its end."""
+        self._drop_pool()
 
     def probe(self) -> dict[str, Any]:
         """The hardware seen from rank 0's bundle, plus the number of nodes the ranks span."""

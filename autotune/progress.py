@@ -1,7 +1,7 @@
 """What ``autotune run`` shows while it runs, and the table it ends with.
 
 On a terminal: a live rich display under the log lines (the budget as a progress bar, trials
-complete / failed / pruned, the best speedup so far, the running trial's settings). With
+complete / failed / pruned, the best speedup so far, each running trial's settings). With
 ``--quiet``, or when the output is not a terminal (a log file, CI), the same events are plain
 lines, one per trial, no colour and no redraws. Either way the run ends with a summary table.
 """
@@ -62,7 +62,7 @@ class RunView:
         self.started: float | None = None  # when the budget began (the first trial)
         self.counts: Counter[str] = Counter()
         self.best: tuple[float, int] | None = None  # (speedup, trial)
-        self.running: str | None = None
+        self.running: dict[str, str] = {}  # tag -> settings of each trial in flight
         self._progress: _Live | None = None
 
     def __enter__(self) -> RunView:
@@ -84,11 +84,17 @@ class RunView:
         self.started = time.monotonic()
 
     def trial_started(self, tag: str, settings: str) -> None:
-        self.running = f"{tag}: {settings}"
+        self.running[tag] = settings
 
-    def trial_finished(self, state: str, speedup: float | None, trial: int) -> None:
-        """``state`` is complete, failed or pruned."""
-        self.running = None
+    def trial_finished(
+        self, state: str, speedup: float | None, trial: int, tag: str | None = None
+    ) -> None:
+        """``state`` is complete, failed or pruned; ``tag`` the finished trial's, as given to
+        ``trial_started`` (None: every trial shown as running is done)."""
+        if tag is None:
+            self.running.clear()
+        else:
+            self.running.pop(tag, None)
         self.counts[state] += 1
         better = self.best is None or (speedup or 0.0) > self.best[0]
         if state == "complete" and speedup is not None and better:
@@ -103,8 +109,8 @@ class RunView:
                 f"{c['pruned']} pruned{best}"
             )
         ]
-        if self.running:
-            lines.append(Text(f"running {self.running}", style="dim", overflow="ellipsis"))
+        for tag, settings in list(self.running.items()):
+            lines.append(Text(f"running {tag}: {settings}", style="dim", overflow="ellipsis"))
         return lines
 
 

@@ -81,13 +81,16 @@ class FailureAwareTPESampler(optuna.samplers.TPESampler):
 def make_sampler(
     name: str, seed: int | None, grid: dict[str, Sequence[Any]] | None = None
 ) -> optuna.samplers.BaseSampler:
-    """Optuna's own samplers; TPE is multivariate, groups conditional dimensions and learns
-    from configuration failures. ``grid`` is needed for ``grid``."""
+    """Optuna's own samplers; TPE is multivariate, groups conditional dimensions, learns from
+    configuration failures and lies constantly about trials in flight. ``grid`` is needed
+    for ``grid``."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if name == "tpe":
+            # constant_liar: trials in flight (concurrent trials, other drivers on the same
+            # storage) count as bad results, so trials started together do not pile up
             return FailureAwareTPESampler(
-                seed=seed, multivariate=True, group=True, n_startup_trials=8
+                seed=seed, multivariate=True, group=True, n_startup_trials=8, constant_liar=True
             )
         if name == "gp":
             return optuna.samplers.GPSampler(seed=seed, n_startup_trials=8)

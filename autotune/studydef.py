@@ -21,6 +21,8 @@ __all__ = ["SAMPLERS", "StudyDefinition", "available_studies"]
 BUILTIN_PACKAGE = "autotune.studies"
 SAMPLERS = ("tpe", "gp", "random", "cmaes", "grid")
 BACKENDS = ("auto", "gloo", "nccl")
+#: Ray placement-group strategies for one trial's ranks.
+PLACEMENTS = ("pack", "spread", "strict_pack", "strict_spread")
 OBJECTIVES = ("throughput", "throughput,memory")
 _KEYS = (
     "description",
@@ -41,6 +43,8 @@ _KEYS = (
     "allow_drift",
     "free_batch",
     "drift_tolerance",
+    "placement",
+    "concurrent_trials",
 )
 _MEASURE_KEYS = tuple(f.name for f in fields(MeasureSettings))
 _MEASURE_FLOATS = ("settle_tol", "window_s", "target_rel_half_width")
@@ -90,6 +94,13 @@ class StudyDefinition:
     """Keep configurations whose loss drifts from the fp32 baseline's (``autotune.numerics``)."""
     drift_tolerance: float = DEFAULT_TOLERANCE
     """Relative drift of the first steps' loss above which a trial is ``numerics_drift``."""
+    placement: str = "pack"
+    """How one trial's ranks are placed on the Ray cluster's nodes (a Ray placement-group
+    strategy): ``pack`` (as few nodes as possible), ``spread`` (as many as possible), or
+    their ``strict_`` forms, which fail rather than fall back."""
+    concurrent_trials: int | None = None
+    """Trials measured at once, each in its own placement group; None: as many as the
+    cluster holds with every rank owning its share of its node's CPUs (1 on one machine)."""
 
     @classmethod
     def load(cls, name_or_path: str) -> StudyDefinition:
@@ -135,6 +146,8 @@ class StudyDefinition:
             allow_drift=data.get("allow_drift", False),
             free_batch=data.get("free_batch", False),
             drift_tolerance=data.get("drift_tolerance", DEFAULT_TOLERANCE),
+            placement=str(data.get("placement", "pack")).lower(),
+            concurrent_trials=data.get("concurrent_trials"),
         )
         d.check(where)
         return d
@@ -148,6 +161,13 @@ class StudyDefinition:
             raise ConfigError(
                 f"{where}: backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}"
             )
+        if self.placement not in PLACEMENTS:
+            raise ConfigError(
+                f"{where}: placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}"
+            )
+        n = self.concurrent_trials
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ConfigError(f"{where}: concurrent_trials must be a whole number >= 1, got {n!r}")
         if self.objective == "throughput,memory" and self.sampler == "cmaes":
             raise ConfigError(
                 "--sampler cmaes: Optuna's CMA-ES optimises one objective; use tpe, gp, random "

@@ -24,6 +24,7 @@ import math
 import os
 import socket
 import statistics
+import threading
 import time
 import warnings
 from collections import Counter
@@ -40,7 +41,7 @@ from autotune.config import MeasureSettings, TrialConfig
 from autotune.durations import format_duration
 from autotune.errors import BaselineFailed, ClusterLost, ConfigError, TrialFailed
 from autotune.knobs import Target
-from autotune.launcher import TrialResult, TrialRunner, connect
+from autotune.launcher import RankPlan, TrialResult, TrialRunner, connect, plan_ranks
 from autotune.numerics import changes_numerics, drift
 from autotune.profile import Profile
 from autotune.progress import RunView, changed_settings
@@ -57,6 +58,8 @@ BASELINE_TIMEOUT_S = 300.0
 #: Floor and multiple of the baseline's wall time for the derived trial timeout.
 TIMEOUT_FLOOR_S = 30.0
 TIMEOUT_FACTOR = 4.0
+#: Seconds between looks at a baseline another driver is running.
+BASELINE_POLL_S = 2.0
 #: Study user attribute holding autotune's own record of the study.
 ATTR = "autotune"
 #: The objectives' names, in Optuna's order: samples/s (maximised), then with
@@ -114,7 +117,7 @@ def run(req: RunRequest, view: RunView | None = None) -> RunSummary:
 
     # 2. Ray and the ranks' placement group.
     conn = connect(req.address, extra_pythonpath=os.getcwd())
-    runner = None
+    runners: list[TrialRunner] = []
     try:
         import ray
 
@@ -128,7 +131,9 @@ def run(req: RunRequest, view: RunView | None = None) -> RunSummary:
                 f"--world-size {world}: the workload's global batch {workload.global_batch} "
                 f"is not divisible by it; pick a world size that divides it"
             )
-        runner = TrialRunner(world_size=world, backend=backend)
+        plan = plan_ranks(world, backend, d.placement, d.concurrent_trials)
+        runners = _runners(d, plan, world, backend)
+        runner = runners[0]
         hw = runner.probe()
         if "error" in hw:
             raise ConfigError(f"--backend {backend}: {hw['error']}; use --backend gloo")
@@ -138,7 +143,8 @@ def run(req: RunRequest, view: RunView | None = None) -> RunSummary:
             device=hw["device"],
             world_size=world,
             global_batch=workload.global_batch,
-            cpus_per_rank=max(1, hw["cpus"] // ranks_per_node),
+            # the CPUs the rank's bundle reserves, never more than its machine has
+            cpus_per_rank=max(1, min(plan.cpus_per_rank, hw["cpus"] // ranks_per_node)),
             bf16=hw["bf16"],
             tf32=hw["tf32"],
             free_batch=d.free_batch,
@@ -151,9 +157,15 @@ def run(req: RunRequest, view: RunView | None = None) -> RunSummary:
         # 4. The study.
         study = _open_study(name, storage_url, d, resolved, workload.global_batch, hw, view)
         profile_path = req.profile_path or req.run_dir / "profiles" / f"{name}.yaml"
+        if len(runners) > 1:
+            _print(
+                view,
+                f"Measuring {len(runners)} trials at once, each in its own placement group "
+                f"({world} ranks, {plan.cpus_per_rank} CPU(s) each, --placement {d.placement})",
+            )
         loop = _Loop(
             study=study,
-            runner=runner,
+            runners=runners,
             space=resolved,
             definition=d,
             view=view,
@@ -184,9 +196,55 @@ def run(req: RunRequest, view: RunView | None = None) -> RunSummary:
             summary.profile_path = profile_path
         return summary
     finally:
-        if runner is not None:
-            runner.close()
+        for r in runners:
+            r.close()
         conn.close()
+
+
+#: How long each placement group after the first may take to be placed before the run makes
+#: do with fewer concurrent trials (the first one waits PLACEMENT_TIMEOUT_S).
+EXTRA_PLACEMENT_TIMEOUT_S = 10.0
+
+
+def _runners(d: StudyDefinition, plan: RankPlan, world: int, backend: str) -> list[TrialRunner]:
+    """One TrialRunner (placement group) per concurrent trial: ``concurrent_trials`` of them,
+    else as many as ``plan`` says the cluster holds. An explicit number the cluster cannot
+    place is an error naming how many it holds."""
+    want = d.concurrent_trials or plan.trials_fit
+    runners: list[TrialRunner] = []
+    try:
+        runners.append(
+            TrialRunner(
+                world_size=world,
+                backend=backend,
+                cpus_per_rank=plan.cpus_per_rank,
+                strategy=d.placement,
+            )  # fmt: skip
+        )
+        while len(runners) < want:
+            try:
+                runners.append(
+                    TrialRunner(
+                        world_size=world,
+                        backend=backend,
+                        cpus_per_rank=plan.cpus_per_rank,
+                        strategy=d.placement,
+                        placement_timeout_s=EXTRA_PLACEMENT_TIMEOUT_S,
+                    )  # fmt: skip
+                )
+            except ConfigError:
+                if d.concurrent_trials is None:
+                    break  # the estimate was optimistic: make do with what was placed
+                raise ConfigError(
+                    f"--concurrent-trials {want}: the Ray cluster holds {len(runners)} trial(s) "
+                    f"of {world} ranks with {plan.cpus_per_rank} CPU(s) each at once; lower it "
+                    f"or add nodes"
+                ) from None
+    except BaseException:
+        for r in runners:
+            r.close()
+        raise
+    return runners
 
 
 def _open_study(
@@ -213,8 +271,24 @@ def _open_study(
     directions = [optuna.study.StudyDirection.MAXIMIZE]
     if d.multi_objective:  # and the least peak memory per rank
         directions.append(optuna.study.StudyDirection.MINIMIZE)
-    existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage)}
-    if name in existing:
+    existing = {s.study_name for s in optuna.get_all_study_summaries(storage)}
+    created = False
+    if name not in existing:
+        try:
+            study = optuna.create_study(
+                study_name=name, storage=storage, sampler=sampler, directions=directions
+            )
+            created = True
+        except optuna.exceptions.DuplicatedStudyError:
+            pass  # another driver on the same storage created it a moment ago: join it
+    if created:
+        # at once: a driver joining this new study a moment later finds the baseline queued
+        study.enqueue_trial(space.baseline_params(), user_attrs={"baseline": True})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(METRICS[: len(directions)])
+        _print(view, f"New study [bold]{escape(name)}[/]")
+    else:
         study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
         if study.directions != directions:
             raise ConfigError(
@@ -228,14 +302,6 @@ def _open_study(
                 f"{workload}; choose another --study-name"
             )
         _print(view, f"Resuming study [bold]{escape(name)}[/] ({len(study.trials)} trials so far)")
-    else:
-        study = optuna.create_study(
-            study_name=name, storage=storage, sampler=sampler, directions=directions
-        )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.set_metric_names(METRICS[: len(directions)])
-        _print(view, f"New study [bold]{escape(name)}[/]")
     record = dict(study.user_attrs.get(ATTR, {}))
     record.update(
         version=1,
@@ -264,8 +330,7 @@ def _open_study(
             f"{', '.join(map(str, closed))} (FAIL, reason interrupted)",
         )
     if _baseline_value(study) is None and not any(
-        t.state == TrialState.WAITING and t.user_attrs.get("baseline")
-        for t in study.get_trials(deepcopy=False)
+        t.state in (TrialState.WAITING, TrialState.RUNNING) for t in _baselines(study)
     ):
         study.enqueue_trial(space.baseline_params(), user_attrs={"baseline": True})
     return study
@@ -310,6 +375,11 @@ def _baseline_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     return None
 
 
+def _baselines(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Every baseline trial of the study, in any state."""
+    return [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("baseline")]
+
+
 def _baseline_value(study: optuna.Study) -> float | None:
     t = _baseline_trial(study)
     return None if t is None else _throughput(t)
@@ -337,13 +407,19 @@ class _Loop:
         self,
         *,
         study: optuna.Study,
-        runner: TrialRunner,
+        runners: list[TrialRunner],
         space: ResolvedSpace,
         definition: StudyDefinition,
         view: RunView | None,
         tokens_per_sample: int | None = None,
     ) -> None:
-        self.study, self.runner, self.space, self.d = study, runner, space, definition
+        self.study, self.space, self.d = study, space, definition
+        # One runner per concurrent trial; the first also probes and re-validates (one set of
+        # nodes for every re-measurement: the comparison is not mixed with node differences).
+        self.runners = runners
+        self._local = threading.local()  # the runner of the trial this thread runs
+        self._stop = threading.Event()
+        self.interrupted = False
         self.tokens_per_sample = tokens_per_sample  # language models: tokens/s recorded too
         self.view = view
         self.started = time.monotonic()
@@ -353,17 +429,97 @@ class _Loop:
         self.rerun_walls: list[float] = []
         self.plan: tuple[int, int] | None = None  # (candidates, rounds) to re-validate
 
+    @property
+    def runner(self) -> TrialRunner:
+        """The runner of the trial running in this thread (the first one outside trials)."""
+        return getattr(self._local, "runner", self.runners[0])
+
+    def left_s(self) -> float:
+        return self.d.budget_s - (time.monotonic() - self.started)
+
     def optimize(self) -> None:
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         self.started = time.monotonic()
         if self.view is not None:
             self.view.budget_started()
+        if not self._baseline_first():
+            return
+        if len(self.runners) == 1:
+            self.study.optimize(
+                self.objective,
+                timeout=max(self.left_s(), 0.0),
+                catch=(TrialFailed,),
+                callbacks=[self.between_trials],
+            )
+        else:
+            self._optimize_concurrently()
+
+    def _one_trial(self) -> None:
         self.study.optimize(
-            self.objective,
-            timeout=self.d.budget_s,
-            catch=(TrialFailed,),
-            callbacks=[self.between_trials],
+            self.objective, n_trials=1, catch=(TrialFailed,), callbacks=[self.between_trials]
         )
+
+    def _baseline_first(self) -> bool:
+        """Measure the baseline before any other trial: every speedup, the trial timeout and
+        the pruning bar come from it. Where several drivers share the study, the one that
+        takes the enqueued baseline runs it and the others wait for it. False when the budget
+        ran out first."""
+        said = False
+        while _baseline_trial(self.study) is None:
+            if self.left_s() <= 0:
+                return False
+            states = [t.state for t in _baselines(self.study)]
+            if TrialState.WAITING in states:
+                self._one_trial()  # Optuna takes the enqueued (WAITING) trial first
+            elif TrialState.RUNNING in states:
+                if not said:
+                    _print(self.view, "Waiting for the baseline, run by another driver")
+                    said = True
+                # a driver that died (kill -9) leaves it RUNNING: Optuna's heartbeat fails it
+                optuna.storages.fail_stale_trials(self.study)
+                time.sleep(BASELINE_POLL_S)
+            else:  # another driver's baseline failed, or was never enqueued: run one here
+                self.study.enqueue_trial(
+                    self.space.baseline_params(), user_attrs={"baseline": True}
+                )
+        return True
+
+    def _optimize_concurrently(self) -> None:
+        """One thread per runner, each running one trial after another until the budget or a
+        stop; Optuna's storage hands each its trial, and TPE's constant liar sees the trials
+        in flight. Ctrl-C kills every running trial's ranks and records them ``interrupted``."""
+        errors: list[BaseException] = []
+
+        def work(runner: TrialRunner) -> None:
+            self._local.runner = runner
+            try:
+                while not self._stop.is_set() and self._room_for_another():
+                    runner.ensure_placed()
+                    self._one_trial()
+            except BaseException as e:  # ClusterLost, BaselineFailed, a bug: stop them all
+                errors.append(e)
+                self._stop.set()
+
+        threads = [
+            threading.Thread(target=work, args=(r,), name=f"trial-runner-{i}", daemon=True)
+            for i, r in enumerate(self.runners)
+        ]
+        for t in threads:
+            t.start()
+        try:
+            while any(t.is_alive() for t in threads):
+                for t in threads:
+                    t.join(timeout=0.5)
+        except KeyboardInterrupt:
+            self.interrupted = True
+            self._stop.set()
+            for r in self.runners:
+                r.abort()
+            for t in threads:
+                t.join(timeout=30)
+            raise
+        if errors:
+            raise errors[0]
 
     def trial_timeout(self) -> float:
         if self.d.trial_timeout_s is not None:
@@ -396,19 +552,28 @@ class _Loop:
     def between_trials(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         """Stop before a trial that the budget left cannot hold; raise ClusterLost before one
         the cluster has no room for (so no trial is asked for in vain)."""
-        left = self.d.budget_s - (time.monotonic() - self.started)
+        if not self._room_for_another():
+            study.stop()
+            return
+        self.runner.ensure_placed()
+
+    def _room_for_another(self) -> bool:
+        """Whether the budget left holds a typical trial and, once there is something to
+        re-validate, the re-validation."""
+        left = self.left_s()
+        if left <= 0:
+            return False
         if self.walls:
             wall = statistics.median(self.walls)
             run = statistics.median(self.rerun_walls) if self.rerun_walls else wall
             self.plan = _validation_plan(self.d, self.d.budget_s, run)
             # Room for the re-validation once there is something to re-validate.
-            base = _baseline_value(study)
-            above = base is not None and any(_throughput(t) > base for t in _complete(study))
+            base = _baseline_value(self.study)
+            above = base is not None and any(_throughput(t) > base for t in _complete(self.study))
             runs = 0 if self.plan is None or not above else (self.plan[0] + 1) * self.plan[1]
             if left < wall + run * runs:
-                study.stop()
-                return
-        self.runner.ensure_placed()
+                return False
+        return True
 
     def objective(self, trial: optuna.Trial) -> float | tuple[float, float]:
         t0 = time.monotonic()
@@ -438,17 +603,21 @@ class _Loop:
             trial.set_user_attr("reason_detail", str(e))
             raise
         except TrialFailed as e:
+            failure = e
+            if self.interrupted:  # its ranks were killed by Ctrl-C in another thread
+                failure = TrialFailed("interrupted", "Ctrl-C during the trial")
             trial.set_user_attr("wall_s", round(time.monotonic() - t0, 3))
             self.walls.append(time.monotonic() - t0)
-            self._failed(trial, e)
+            self._failed(trial, failure)
             if is_baseline:
                 raise BaselineFailed(
-                    f"the baseline trial (PyTorch defaults) failed: {e}; the workload must run "
-                    f"with the defaults before it can be tuned"
+                    f"the baseline trial (PyTorch defaults) failed: {failure}; the workload "
+                    f"must run with the defaults before it can be tuned"
                 ) from None
-            raise
+            raise failure from None
         ranks = result.ranks
-        speedup = 1.0 if is_baseline or not baseline else result.throughput / baseline
+        # None: another driver's baseline is not measured yet (a shared study's first minutes)
+        speedup = 1.0 if is_baseline else result.throughput / baseline if baseline else None
         attrs = {
             "throughput": round(result.throughput, 3),
             "interval": result.interval.to_dict(),
@@ -457,7 +626,7 @@ class _Loop:
             "warmup_steps": ranks[0]["warmup_steps"],
             "step_time_s": round(result.step_time_s, 6),
             "peak_memory_mb": [r["peak_memory_mb"] for r in ranks],
-            "speedup": round(speedup, 4),
+            "speedup": None if speedup is None else round(speedup, 4),  # None: dropped below
             "steps": ranks[0]["steps"],
             "window_s": round(result.window_s, 3),
             "wall_s": round(result.wall_s, 3),
@@ -467,7 +636,10 @@ class _Loop:
             "warmup_s": round(max(r["warmup_s"] for r in ranks), 3),
             "init_s": round(max(r["setup_s"] - r["warmup_s"] for r in ranks), 3),
             "loss": ranks[0]["loss"],
+            "nodes": [r.get("node_ip") for r in ranks],  # where each rank ran, in rank order
         }
+        if speedup is None:
+            del attrs["speedup"]
         if self.tokens_per_sample:
             attrs["tokens_per_s"] = round(result.throughput * self.tokens_per_sample, 1)
         attrs["loss_curve"] = [float(f"{x:.6g}") for x in ranks[0].get("loss_curve", [])]
@@ -581,7 +753,7 @@ class _Loop:
                 f"  {key:>10} {ci.median:9.1f} samples/s ±{100 * ci.rel_half_width:.1f}%",
             )
         if self.view is not None:
-            self.view.running = None
+            self.view.running.clear()
         if len(runs) < 2:
             return None
         v = choose(runs, "baseline")
@@ -620,7 +792,7 @@ class _Loop:
         pruned = result is not None and result.pruned
         if self.view is not None:
             state = "failed" if failure is not None else "pruned" if pruned else "complete"
-            self.view.trial_finished(state, speedup, trial.number)
+            self.view.trial_finished(state, speedup, trial.number, tag)
         elapsed = format_duration(time.monotonic() - self.started)
         if failure is not None:
             _print(
@@ -635,7 +807,7 @@ class _Loop:
         _print(
             self.view,
             f"[{elapsed}] {tag:>9} [green]{ci.median:9.1f}[/] samples/s "
-            f"{speedup:5.2f}x {how}  [dim]{escape(shown)}[/]",
+            f"{'  -  ' if speedup is None else f'{speedup:5.2f}'}x {how}  [dim]{escape(shown)}[/]",
         )
 
     def _changed(self, params: dict[str, Any]) -> str:

@@ -6,13 +6,8 @@ a head and a worker with one CPU each, so the two ranks of a trial land one per 
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
 import signal
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -21,65 +16,15 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.conftest import started_run
+from tests.integration.raycluster import pids_with, ray_cluster
 
 pytestmark = pytest.mark.integration
-
-RAY = str(Path(sys.executable).parent / "ray")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pids_with(text: str) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if text.encode() in (d / "cmdline").read_bytes():
-                    out.append(int(d.name))
-            except OSError:
-                pass
-    return out
-
-
-def kill_all(text: str) -> None:
-    for pid in pids_with(text):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def node_ip() -> str:
-    """This machine's own address, as every local Ray instance uses it."""
-    import ray._private.services as services
-
-    return services.get_node_ip_address()
 
 
 @pytest.fixture
 def two_nodes():
-    temp = tempfile.mkdtemp(prefix="atnl", dir="/tmp")  # short: Ray's socket paths are long
-    port, worker_port = free_port(), free_port()
-    common = ["--num-cpus", "1", "--disable-usage-stats"]
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}  # a joining node must present the token
-    address = f"{node_ip()}:{port}"
-    try:
-        subprocess.run([RAY, "start", "--head", "--port", str(port), "--temp-dir", temp,
-                        "--include-dashboard=false", *common],
-                       check=True, capture_output=True, timeout=120, env=env)  # fmt: skip
-        subprocess.run([RAY, "start", "--address", address, "--node-manager-port",
-                        str(worker_port), *common],
-                       check=True, capture_output=True, timeout=120, env=env)  # fmt: skip
-        yield {"address": address, "worker_raylet": f"--node_manager_port={worker_port}",
-               "env": env}  # fmt: skip
-    finally:
-        kill_all(temp)  # every process of this cluster names its session directory
-        kill_all(f"--node_manager_port={worker_port}")
-        shutil.rmtree(temp, ignore_errors=True)
+    with ray_cluster([1, 1]) as cluster:
+        yield cluster
 
 
 def test_losing_a_node_fails_the_trial_and_stops_the_run_with_a_clear_message(two_nodes, run_env):
@@ -87,7 +32,7 @@ def test_losing_a_node_fails_the_trial_and_stops_the_run_with_a_clear_message(tw
                     "--address", two_nodes["address"])  # fmt: skip
     try:
         time.sleep(1.5)  # the next trial has a rank on the worker node
-        raylets = pids_with(two_nodes["worker_raylet"])
+        raylets = pids_with(two_nodes["worker_raylets"][0])
         assert raylets, "the worker node's raylet was not found"
         for pid in raylets:
             os.kill(pid, signal.SIGKILL)
