@@ -58,6 +58,12 @@ def check_url(url: str, *, must_exist: bool = False) -> None:
             return
     try:
         engine = sqlalchemy.create_engine(url)
+    except (ImportError, sqlalchemy.exc.NoSuchModuleError) as e:
+        extra = " (pip install 'autotune[postgres]')" if "postgres" in url.split(":")[0] else ""
+        raise ConfigError(
+            f"--storage {url}: its database driver is not installed ({e}); install it{extra}"
+        ) from None
+    try:
         with engine.connect():
             pass
         engine.dispose()
