@@ -123,7 +123,7 @@ def _needs_cuda_for_pinning(t: Target) -> str | None:
 
 def _threads_drop(t: Target) -> str | None:
     if t.cpus_per_rank <= 1:
-        return f"only 1 thread per rank is possible ({t.world_size} ranks share the node's CPUs)"
+        return "only 1 thread per rank is possible (each rank has 1 CPU of its node)"
     return None
 
 

@@ -45,6 +45,11 @@ log = logging.getLogger(__name__)
 PLACEMENT_TIMEOUT_S = 60.0
 #: After a rank fails, how long to wait for the others to say whether their node died.
 ROOT_CAUSE_WAIT_S = 3.0
+#: The same when the first error is only a rank's peer going away (gloo's "Connection closed
+#: by peer"): that is the symptom, and Ray may take a while to say that the peer's node died.
+PEER_LOSS_WAIT_S = 20.0
+#: What a surviving rank says when its peer's process or node is gone.
+_PEER_LOSS = ("connection closed by peer", "connection reset", "broken pipe", "socket closed")
 #: How long a trial waits for the placement group to be placed again after a node was lost.
 REPLACEMENT_TIMEOUT_S = 30.0
 #: How long the pooled actors may take to answer before the pool is replaced by fresh ones.
@@ -549,7 +554,9 @@ class TrialRunner:
 
         if first.reason == "node_lost" or not pending:
             return first
-        done, _ = ray.wait(pending, num_returns=len(pending), timeout=ROOT_CAUSE_WAIT_S)
+        symptom = any(text in first.detail.lower() for text in _PEER_LOSS)
+        wait = PEER_LOSS_WAIT_S if symptom else ROOT_CAUSE_WAIT_S
+        done, _ = ray.wait(pending, num_returns=len(pending), timeout=wait)
         for ref in done:
             try:
                 ray.get(ref)

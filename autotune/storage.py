@@ -59,9 +59,13 @@ def check_url(url: str, *, must_exist: bool = False) -> None:
     try:
         engine = sqlalchemy.create_engine(url)
     except (ImportError, sqlalchemy.exc.NoSuchModuleError) as e:
-        extra = " (pip install 'autotune[postgres]')" if "postgres" in url.split(":")[0] else ""
+        fix = (
+            "pip install 'autotune[postgres]'"
+            if "postgres" in url.split(":")[0]
+            else "pip install the module named"
+        )
         raise ConfigError(
-            f"--storage {url}: its database driver is not installed ({e}); install it{extra}"
+            f"--storage {url}: its database driver is not installed ({e}); {fix}"
         ) from None
     try:
         with engine.connect():

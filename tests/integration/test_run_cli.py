@@ -90,7 +90,10 @@ def test_profile_has_every_key_and_is_the_best_trial(finished_run):
         assert profile.measured["validation"] is None and profile.measured["note"]
     else:  # the winner of the interleaved re-measurement
         chosen = study.trials[validation["trials"][validation["winner"]]]
-        assert profile.measured["speedup"] == pytest.approx(validation["speedup"]["median"])
+        # the profile rounds to 3 decimals
+        assert profile.measured["speedup"] == pytest.approx(
+            validation["speedup"]["median"], abs=5e-4
+        )
         assert profile.measured["validation"]["order"] == validation["order"]
     assert profile.study["best_trial"] == chosen.number
     assert profile.workload == {

@@ -59,13 +59,27 @@ CASES = {
         r"--storage not a url: not a database URL",
     ),
     "storage whose server cannot be reached": (
-        lambda t: ["--storage", f"mysql://u@127.0.0.1:{closed_port()}/db"],
+        lambda t: ["--storage", f"postgresql://u@127.0.0.1:{closed_port()}/db"],
         r"--storage .*cannot open it",
+    ),
+    "storage whose driver is not installed": (
+        lambda t: ["--storage", f"mysql://u@127.0.0.1:{closed_port()}/db"],
+        r"--storage mysql://.*: its database driver is not installed \(No module named "
+        r"'MySQLdb'\); pip install the module named",
     ),
     "unknown study": (lambda t: ["--study", "nope"], r"--study: unknown study definition"),
     "unknown sampler": (lambda t: ["--sampler", "bayes"], r"--sampler: unknown sampler 'bayes'"),
     "trainer option without a value": (lambda t: ["--trainer-option", "width"], r"KEY=VALUE"),
     "unknown flag": (lambda t: ["--budgett", "5m"], r"unrecognized arguments"),
+    "no concurrent trials": (
+        lambda t: ["--concurrent-trials", "0"],
+        r"--concurrent-trials: must be at least 1, got 0",
+    ),
+    "unknown placement": (lambda t: ["--placement", "scatter"], r"--placement: invalid choice"),
+    "unknown placement in a study": (
+        lambda t: ["--study", write(t, "s.yaml", "trainer: mlp\nplacement: scatter\n")],
+        r"placement must be one of pack, spread, strict_pack, strict_spread, got 'scatter'",
+    ),
 }
 
 
