@@ -41,7 +41,14 @@ from autotune.config import MeasureSettings, TrialConfig
 from autotune.durations import format_duration
 from autotune.errors import BaselineFailed, ClusterLost, ConfigError, TrialFailed
 from autotune.knobs import Target
-from autotune.launcher import RankPlan, TrialResult, TrialRunner, connect, plan_ranks
+from autotune.launcher import (
+    PLACEMENT_TIMEOUT_S,
+    RankPlan,
+    TrialResult,
+    TrialRunner,
+    connect,
+    plan_ranks,
+)
 from autotune.numerics import changes_numerics, drift
 from autotune.profile import Profile
 from autotune.progress import RunView, changed_settings
@@ -212,26 +219,23 @@ def _runners(d: StudyDefinition, plan: RankPlan, world: int, backend: str) -> li
     place is an error naming how many it holds."""
     want = d.concurrent_trials or plan.trials_fit
     runners: list[TrialRunner] = []
-    try:
+
+    def place(timeout_s: float) -> None:
         runners.append(
             TrialRunner(
                 world_size=world,
                 backend=backend,
                 cpus_per_rank=plan.cpus_per_rank,
                 strategy=d.placement,
+                placement_timeout_s=timeout_s,
             )  # fmt: skip
         )
+
+    try:
+        place(PLACEMENT_TIMEOUT_S)
         while len(runners) < want:
             try:
-                runners.append(
-                    TrialRunner(
-                        world_size=world,
-                        backend=backend,
-                        cpus_per_rank=plan.cpus_per_rank,
-                        strategy=d.placement,
-                        placement_timeout_s=EXTRA_PLACEMENT_TIMEOUT_S,
-                    )  # fmt: skip
-                )
+                place(EXTRA_PLACEMENT_TIMEOUT_S)
             except ConfigError:
                 if d.concurrent_trials is None:
                     break  # the estimate was optimistic: make do with what was placed

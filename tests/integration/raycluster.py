@@ -18,6 +18,28 @@ from pathlib import Path
 RAY = str(Path(sys.executable).parent / "ray")
 
 
+def check_run_stopped_by_node_loss(p: subprocess.Popen, out: str, home: Path, study: str) -> None:
+    """What a run whose worker node was lost mid-study must leave: exit 1 with the reason, the
+    trial on that node FAIL ``node_lost`` and the last one, nothing RUNNING, the profile."""
+    import optuna
+    from optuna.trial import TrialState
+
+    assert p.returncode == 1, out
+    assert "stopped early: the Ray cluster lost capacity" in out
+    trials = optuna.load_study(study_name=study,
+                               storage=f"sqlite:///{home / 'autotune.db'}").trials  # fmt: skip
+    assert trials[0].state == TrialState.COMPLETE
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    # The node died during a trial or between two (the pooled rank is found dead when the
+    # next trial starts): either way that trial is the one that fails, and it is the last.
+    hit = next(t for t in trials if t.state not in (TrialState.COMPLETE, TrialState.PRUNED))
+    assert hit.state == TrialState.FAIL, [(t.number, t.state) for t in trials]
+    assert hit.user_attrs["reason"] == "node_lost", hit.user_attrs
+    assert "its node was lost" in hit.user_attrs["reason_detail"]
+    assert hit is trials[-1]  # no trial was started on a cluster without room for it
+    assert (home / "profiles" / f"{study}.yaml").exists()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

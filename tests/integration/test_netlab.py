@@ -18,6 +18,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.conftest import autotune_cmd
+from tests.integration.raycluster import check_run_stopped_by_node_loss
 
 pytestmark = [pytest.mark.integration, pytest.mark.netlab]
 
@@ -156,14 +157,4 @@ def test_a_worker_node_killed_mid_trial_fails_the_trial_and_stops_the_run(up_lab
         out = p.communicate(timeout=240)[0]
     finally:
         p.kill()
-    assert p.returncode == 1, out
-    assert "stopped early: the Ray cluster lost capacity" in out
-    home = Path(run_env["AUTOTUNE_HOME"])
-    trials = optuna.load_study(study_name="killed",
-                               storage=f"sqlite:///{home / 'autotune.db'}").trials  # fmt: skip
-    assert trials[0].state == TrialState.COMPLETE
-    assert not [t for t in trials if t.state == TrialState.RUNNING]
-    hit = trials[-1]
-    assert hit.state == TrialState.FAIL, [(t.number, t.state) for t in trials]
-    assert hit.user_attrs["reason"] == "node_lost", hit.user_attrs
-    assert (home / "profiles" / "killed.yaml").exists()
+    check_run_stopped_by_node_loss(p, out, Path(run_env["AUTOTUNE_HOME"]), "killed")

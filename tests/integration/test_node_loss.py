@@ -11,12 +11,10 @@ import signal
 import time
 from pathlib import Path
 
-import optuna
 import pytest
-from optuna.trial import TrialState
 
 from tests.conftest import started_run
-from tests.integration.raycluster import pids_with, ray_cluster
+from tests.integration.raycluster import check_run_stopped_by_node_loss, pids_with, ray_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -39,18 +37,4 @@ def test_losing_a_node_fails_the_trial_and_stops_the_run_with_a_clear_message(tw
         out = p.communicate(timeout=180)[0]
     finally:
         p.kill()
-    assert p.returncode == 1, out
-    assert "stopped early: the Ray cluster lost capacity" in out
-    home = Path(run_env["AUTOTUNE_HOME"])
-    trials = optuna.load_study(study_name="quick-mlp-gloo-2r",
-                               storage=f"sqlite:///{home / 'autotune.db'}").trials  # fmt: skip
-    assert trials[0].state == TrialState.COMPLETE
-    assert not [t for t in trials if t.state == TrialState.RUNNING]
-    # The node died during a trial or between two (the pooled rank is found dead when the
-    # next trial starts): either way that trial is the one that fails, and it is the last.
-    hit = next(t for t in trials if t.state not in (TrialState.COMPLETE, TrialState.PRUNED))
-    assert hit.state == TrialState.FAIL
-    assert hit.user_attrs["reason"] == "node_lost"
-    assert "its node was lost" in hit.user_attrs["reason_detail"]
-    assert hit is trials[-1]  # no trial was started on a cluster without room for it
-    assert (home / "profiles" / "quick-mlp-gloo-2r.yaml").exists()
+    check_run_stopped_by_node_loss(p, out, Path(run_env["AUTOTUNE_HOME"]), "quick-mlp-gloo-2r")
