@@ -96,7 +96,7 @@ def check_host() -> None:
             f"(apt-get install iproute2)"
         )
     if os.geteuid() != 0:
-        raise ConfigError("autotune lab: network namespaces need root; run it with sudo")
+        raise ConfigError("autotune lab: network namespaces need root; run it in a root shell")
 
 
 def parse_rate(rate: str) -> str:

@@ -65,7 +65,7 @@ def test_lab_says_what_the_host_lacks(monkeypatch):
         netlab.check_host()
     monkeypatch.setattr(netlab.shutil, "which", lambda tool: "/x")
     monkeypatch.setattr(netlab.os, "geteuid", lambda: 1000)
-    with pytest.raises(ConfigError, match=r"need root; run it with sudo"):
+    with pytest.raises(ConfigError, match=r"need root; run it in a root shell"):
         netlab.check_host()
 
 
