@@ -48,6 +48,9 @@ ROOT_CAUSE_WAIT_S = 3.0
 #: The same when the first error is only a rank's peer going away (gloo's "Connection closed
 #: by peer"): that is the symptom, and Ray may take a while to say that the peer's node died.
 PEER_LOSS_WAIT_S = 20.0
+#: How long the cluster may take to report a trial's node dead once its ranks say that a peer
+#: or a process went away (Ray's health checks take a few seconds to declare a node dead).
+NODE_DEATH_WAIT_S = 20.0
 #: What a surviving rank says when its peer's process or node is gone.
 _PEER_LOSS = ("connection closed by peer", "connection reset", "broken pipe", "socket closed")
 #: How long a trial waits for the placement group to be placed again after a node was lost.
@@ -328,6 +331,13 @@ def _death_line(text: str) -> str:
     return _first_line(text)
 
 
+def _gone_away(f: TrialFailed) -> bool:
+    """A failure that only says a peer or a rank's process went away (the symptom of a lost
+    node, or of a process killed outright), not what a rank's own code raised."""
+    text = f.detail.lower()
+    return "its process died" in text or any(t in text for t in _PEER_LOSS)
+
+
 def _failure(rank: int, err: BaseException) -> TrialFailed:
     import ray.exceptions as rex
 
@@ -450,6 +460,7 @@ class TrialRunner:
         keep = False
         try:
             addr, port = self._ranks(config.env, deadline)
+            nodes = self._bundle_nodes()
             actors = self._pool
             refs = {
                 actors[i].run.remote(
@@ -485,7 +496,8 @@ class TrialRunner:
                 try:
                     results.append(ray.get(done[0]))
                 except rex.RayError as e:
-                    raise self._root_cause(_failure(refs[done[0]], e), pending, refs) from None
+                    first = _failure(refs[done[0]], e)
+                    raise self._root_cause(first, pending, refs, nodes) from None
             keep = self.reuse
         finally:
             # Any failure (crash, timeout, nan, oom, node lost, Ctrl-C) kills every rank, and
@@ -545,26 +557,58 @@ class TrialRunner:
             ray.kill(a, no_restart=True)
         self._pool, self._pool_env = [], None
 
-    @staticmethod
-    def _root_cause(first: TrialFailed, pending: list[Any], refs: dict[Any, int]) -> TrialFailed:
+    def _root_cause(
+        self,
+        first: TrialFailed,
+        pending: list[Any],
+        refs: dict[Any, int],
+        nodes: dict[int, str],
+    ) -> TrialFailed:
         """When a node dies, the rank on the surviving node often fails first (its peer's
-        connection closed); wait briefly for the others and prefer ``node_lost``."""
+        connection closed), and the rank on the dead node is at first reported as a process
+        that died. Wait for the other ranks' errors; when they only say that a peer or a
+        process went away, ask the cluster whether a node of the trial (``nodes``: rank ->
+        node id, taken when the trial started) is gone, and prefer ``node_lost``."""
         import ray
         import ray.exceptions as rex
 
-        if first.reason == "node_lost" or not pending:
+        if first.reason == "node_lost":
             return first
-        symptom = any(text in first.detail.lower() for text in _PEER_LOSS)
-        wait = PEER_LOSS_WAIT_S if symptom else ROOT_CAUSE_WAIT_S
-        done, _ = ray.wait(pending, num_returns=len(pending), timeout=wait)
-        for ref in done:
-            try:
-                ray.get(ref)
-            except rex.RayError as e:
-                other = _failure(refs[ref], e)
-                if other.reason == "node_lost":
-                    return other
-        return first
+        symptoms = [first]
+        if pending:
+            peer = any(text in first.detail.lower() for text in _PEER_LOSS)
+            wait = PEER_LOSS_WAIT_S if peer else ROOT_CAUSE_WAIT_S
+            done, _ = ray.wait(pending, num_returns=len(pending), timeout=wait)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except rex.RayError as e:
+                    other = _failure(refs[ref], e)
+                    if other.reason == "node_lost":
+                        return other
+                    symptoms.append(other)
+        if not any(_gone_away(f) for f in symptoms):
+            return first  # a rank's own error: the configuration's failure, not the cluster's
+        until = time.monotonic() + NODE_DEATH_WAIT_S
+        while True:
+            alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+            lost = sorted(rank for rank, node in nodes.items() if node not in alive)
+            if lost:
+                return TrialFailed(
+                    "node_lost",
+                    f"rank {lost[0]}: its node was lost (the cluster reports node "
+                    f"{nodes[lost[0]][:12]} dead; first error: {first.detail})",
+                )
+            if time.monotonic() >= until:
+                return first
+            time.sleep(0.5)
+
+    def _bundle_nodes(self) -> dict[int, str]:
+        """Rank -> the id of the node its bundle is placed on."""
+        from ray.util import placement_group_table
+
+        placed = placement_group_table(self.pg).get("bundles_to_node_id", {})
+        return {i: placed[i] for i in range(self.world_size) if i in placed}
 
     def ensure_placed(self) -> None:
         """After a node loss Ray re-places the group's bundles; wait for that, or stop."""

@@ -52,8 +52,11 @@ def test_study_holds_a_complete_baseline_and_measured_trials(finished_run):
         if t.state == TrialState.COMPLETE:
             assert a["throughput"] == pytest.approx(t.value, rel=1e-6)
             assert a["stop"] in ("converged", "cap")
-        else:  # pruned: stopped early with its partial numbers, clearly below the incumbent
-            assert a["stop"] == "pruned" and len(a["windows"]) < 6
+        else:  # pruned: clearly below the incumbent (upper bound under the incumbent's lower
+            # bound), with its numbers so far; that can be decided as late as the last window
+            assert a["stop"] == "pruned" and len(a["windows"]) <= 6
+            best = max(x.value for x in trials if x.state == TrialState.COMPLETE)
+            assert ci["high"] < best
     for t in trials:
         if t.state == TrialState.FAIL:
             assert t.user_attrs["reason"] in ("crash", "timeout", "illegal", "nan", "oom")

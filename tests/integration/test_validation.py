@@ -43,7 +43,7 @@ def test_a_search_winner_that_remeasures_slower_is_not_exported(runner, tmp_path
     )
     loop = _Loop(
         study=study,
-        runner=runner,
+        runners=[runner],
         space=SearchSpace.load("default").resolve(TARGET),
         definition=definition,
         view=None,
