@@ -68,7 +68,7 @@ def postgres_url():
 
 
 def test_two_drivers_work_on_one_study(postgres_url, run_env, tmp_path):
-    args = ("--study", "quick", "--budget", "45s", "--storage", postgres_url,
+    args = ("--study", "quick", "--budget", "30s", "--storage", postgres_url,
             "--validate-top", "0", "--quiet")  # fmt: skip
     drivers = []
     for i in range(2):
