@@ -406,15 +406,6 @@ class TrialRunner:
             placement_group=self.pg, placement_group_bundle_index=index
         )
 
-    def node_ips(self) -> list[str]:
-        """The address of the node each bundle (rank) is placed on, in rank order."""
-        import ray
-        from ray.util import placement_group_table
-
-        by_id = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
-        nodes = placement_group_table(self.pg).get("bundles_to_node_id", {})
-        return [by_id.get(nodes.get(i, ""), "?") for i in range(self.world_size)]
-
     def abort(self) -> None:
         """Kill the running trial's ranks now (Ctrl-C from another thread): the trial then
         fails at once instead of running to its end."""
@@ -423,7 +414,6 @@ class TrialRunner:
     def probe(self) -> dict[str, Any]:
         """The hardware seen from rank 0's bundle, plus the number of nodes the ranks span."""
         import ray
-        from ray.util import placement_group_table
 
         self._drop_pool()  # pooled actors hold the bundles' CPUs: the probe would never start
         info = ray.get(
@@ -433,8 +423,7 @@ class TrialRunner:
                 scheduling_strategy=self._strategy(0),
             ).remote(self.backend)
         )
-        nodes = placement_group_table(self.pg).get("bundles_to_node_id", {})
-        info["node_count"] = len(set(nodes.values())) or 1
+        info["node_count"] = len(set(self._bundle_nodes().values())) or 1
         return info
 
     def run(

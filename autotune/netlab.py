@@ -114,15 +114,18 @@ def namespaces() -> list[str]:
     return sorted(n for n in names if n == HUB or re.fullmatch(rf"{PREFIX}-\d+", n))
 
 
-def _sh(*cmd: str, timeout: float = 60.0) -> str:
-    """Run one setup command; a failure is a LabError naming it and what it printed."""
+def _sh(*cmd: str, timeout: float = 60.0, env: dict[str, str] | None = None,
+        what: str | None = None) -> str:  # fmt: skip
+    """Run one setup step; a failure is a LabError naming it (``what``, else the command) and
+    the last line it printed."""
+    what = what or f"`{' '.join(cmd)}`"
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
-        raise LabError(f"`{' '.join(cmd)}` did not finish in {timeout:.0f}s") from None
+        raise LabError(f"{what} did not finish in {timeout:.0f}s") from None
     if p.returncode != 0:
-        said = (p.stderr or p.stdout).strip().splitlines()
-        raise LabError(f"`{' '.join(cmd)}` failed: {said[-1] if said else p.returncode}")
+        said = [line for line in (p.stderr + p.stdout).splitlines() if line.strip()]
+        raise LabError(f"{what} failed: {said[-1].strip() if said else p.returncode}")
     return p.stdout
 
 
@@ -163,12 +166,8 @@ def _start_ray(lab: Lab) -> None:
                     "--temp-dir", str(TEMP_DIR)]  # fmt: skip
         else:
             args = ["--address", lab.address]
-        cmd = _in_ns(node_ns(i), _ray(), "start", "--node-ip-address", node_ip(i), *args,
-                     *common)  # fmt: skip
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
-        if p.returncode != 0:
-            said = [line for line in (p.stderr + p.stdout).splitlines() if line.strip()]
-            raise LabError(f"ray start on node {i} failed: {said[-1] if said else p.returncode}")
+        _sh(*_in_ns(node_ns(i), _ray(), "start", "--node-ip-address", node_ip(i), *args,
+                    *common), env=env, timeout=180, what=f"ray start on node {i}")  # fmt: skip
 
 
 #: Run inside the head's namespace: the alive nodes' addresses, once every node has joined.
@@ -228,14 +227,13 @@ def up(*, nodes: int = 2, rate: str = "1gbit", cpus_per_node: int | None = None)
     return lab
 
 
-def _kill_ns_processes(ns: str) -> int:
+def _kill_ns_processes(ns: str) -> None:
     """SIGTERM, then SIGKILL after a grace period, every process in namespace ``ns``."""
 
     def pids() -> list[int]:
         out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
         return [int(x) for x in out.stdout.split() if x.isdigit() and int(x) != os.getpid()]
 
-    found = pids()
     for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
         for pid in pids():
             with contextlib.suppress(ProcessLookupError):
@@ -245,7 +243,6 @@ def _kill_ns_processes(ns: str) -> int:
             time.sleep(0.2)
         if not pids():
             break
-    return len(found)
 
 
 def down() -> list[str]:

@@ -109,9 +109,10 @@ def test_a_trial_clearly_below_the_incumbent_is_pruned_with_its_partial_numbers(
     assert res.pruned and res.ranks[0]["stop"] == "pruned"
     assert len(res.windows) == QUICK.prune_after  # stopped as soon as the rule may act
     assert res.interval.high < far_above.low
-    # an incumbent within reach never prunes
-    near = Interval(median=base.throughput, low=base.throughput * 0.9,
-                    high=base.throughput * 1.1, n=5)  # fmt: skip
+    # an incumbent within reach never prunes ("within reach" allows for this shared machine's
+    # run-to-run noise: the same configuration measured 418-617 samples/s within minutes)
+    near = Interval(median=base.throughput * 0.9, low=base.throughput * 0.6,
+                    high=base.throughput * 1.2, n=5)  # fmt: skip
     res = runner.run(trial=2, trainer=TRAINER, trainer_options={}, config=config(),
                      measure=QUICK, seed=0, timeout_s=120, incumbent=near)  # fmt: skip
     assert not res.pruned
