@@ -16,6 +16,7 @@ import yaml
 
 from autotune.durations import parse_duration, parse_size_mb
 from autotune.errors import AutotuneError, BaselineFailed, ConfigError
+from autotune.studydef import PLACEMENTS
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -91,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument(
         "--placement",
-        choices=("pack", "spread", "strict_pack", "strict_spread"),
+        choices=PLACEMENTS,
         help="how one trial's ranks are placed on the cluster's nodes (Ray placement-group "
         "strategy; default pack: as few nodes as possible; spread: one rank per node where "
         "it can)",
@@ -372,12 +373,17 @@ def _cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def _command(words: list[str]) -> list[str]:
+    """The command after ``--`` (``autotune launch P -- CMD``, ``autotune lab exec -- CMD``)."""
+    return words[1:] if words[:1] == ["--"] else words
+
+
 def _cmd_launch(args: argparse.Namespace) -> int:
     import subprocess
 
     from autotune.profile import Profile
 
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    cmd = _command(args.cmd)
     if not cmd:
         raise ConfigError("autotune launch: no command; write autotune launch PROFILE -- CMD ...")
     profile = Profile.load(args.profile)
@@ -497,7 +503,7 @@ def _cmd_lab(args: argparse.Namespace) -> int:
                 f"  {n['namespace']:9} {n['address']:12} {n['processes']:3} processes  {n['qdisc']}"
             )
         return 0
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    cmd = _command(args.cmd)
     return netlab.exec_in(cmd, node=args.node)
 
 

@@ -45,9 +45,6 @@ log = logging.getLogger(__name__)
 PLACEMENT_TIMEOUT_S = 60.0
 #: After a rank fails, how long to wait for the others to say whether their node died.
 ROOT_CAUSE_WAIT_S = 3.0
-#: The same when the first error is only a rank's peer going away (gloo's "Connection closed
-#: by peer"): that is the symptom, and Ray may take a while to say that the peer's node died.
-PEER_LOSS_WAIT_S = 20.0
 #: How long the cluster may take to report a trial's node dead once its ranks say that a peer
 #: or a process went away (Ray's health checks take a few seconds to declare a node dead).
 NODE_DEATH_WAIT_S = 20.0
@@ -565,9 +562,7 @@ class TrialRunner:
             return first
         symptoms = [first]
         if pending:
-            peer = any(text in first.detail.lower() for text in _PEER_LOSS)
-            wait = PEER_LOSS_WAIT_S if peer else ROOT_CAUSE_WAIT_S
-            done, _ = ray.wait(pending, num_returns=len(pending), timeout=wait)
+            done, _ = ray.wait(pending, num_returns=len(pending), timeout=ROOT_CAUSE_WAIT_S)
             for ref in done:
                 try:
                     ray.get(ref)
@@ -576,7 +571,7 @@ class TrialRunner:
                     if other.reason == "node_lost":
                         return other
                     symptoms.append(other)
-        if not any(_gone_away(f) for f in symptoms):
+        if not all(_gone_away(f) for f in symptoms):
             return first  # a rank's own error: the configuration's failure, not the cluster's
         until = time.monotonic() + NODE_DEATH_WAIT_S
         while True:

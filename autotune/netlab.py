@@ -209,9 +209,10 @@ def up(*, nodes: int = 2, rate: str = "1gbit", cpus_per_node: int | None = None)
     if cpus_per_node is not None and cpus_per_node < 1:
         raise ConfigError(f"--cpus-per-node {cpus_per_node}: must be at least 1")
     cpus = cpus_per_node or max(1, (os.cpu_count() or 1) // nodes)
-    if namespaces():
+    existing = namespaces()
+    if existing:
         raise ConfigError(
-            f"autotune lab: a lab is already up ({', '.join(namespaces())}); "
+            f"autotune lab: a lab is already up ({', '.join(existing)}); "
             f"run `autotune lab down` first"
         )
     lab = Lab(nodes=nodes, rate=rate, cpus_per_node=cpus)
@@ -269,7 +270,8 @@ def status() -> dict[str, object]:
     process count."""
     lab = current()
     nodes = []
-    for ns in namespaces():
+    names = namespaces()
+    for ns in names:
         if ns == HUB:
             continue
         i = int(ns.rsplit("-", 1)[1])
@@ -285,7 +287,7 @@ def status() -> dict[str, object]:
             }  # fmt: skip
         )
     return {"lab": None if lab is None else asdict(lab), "address": lab and lab.address,
-            "namespaces": namespaces(), "nodes": nodes}  # fmt: skip
+            "namespaces": names, "nodes": nodes}  # fmt: skip
 
 
 def exec_in(cmd: list[str], *, node: int = 0) -> int:
