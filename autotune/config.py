@@ -14,9 +14,10 @@ into the settings each rank applies where they act:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
 
+from autotune.errors import ConfigError
 from autotune.knobs import KNOBS, UNSET, Target
 
 __all__ = ["TrialConfig"]
@@ -128,6 +129,35 @@ class MeasureSettings:
     """Stop once the interval's half-width is at most this fraction of the median."""
     prune_after: int = 2
     """Windows measured before a trial may be pruned."""
+
+    FLOORS: ClassVar[tuple[tuple[str, int | str], ...]] = (
+        ("settle_window", 1),
+        ("max_warmup_steps", "min_warmup_steps"),
+        ("min_steps", 1),
+        ("max_steps", "min_steps"),
+        ("min_windows", 1),
+        ("max_windows", "min_windows"),
+        ("prune_after", 2),
+    )
+    """Each field's least value beyond >= 0, a number or the field it may not go below: the
+    rules of ``autotune.stats`` (a study asks more: two windows for an interval)."""
+
+    def __post_init__(self) -> None:
+        """Each field within its rule; messages start with the field's name (a study definition
+        prefixes ``measure.``), state the rule and the value seen."""
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(f.default, float):
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                    raise ConfigError(f"{f.name} must be a positive number, got {v!r}")
+            elif isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{f.name} must be a whole number >= 0, got {v!r}")
+        for name, low in self.FLOORS:
+            floor = low if isinstance(low, int) else getattr(self, low)
+            v = getattr(self, name)
+            if v < floor:
+                of = f"{floor}" if isinstance(low, int) else f"{low} ({floor})"
+                raise ConfigError(f"{name} must be a whole number >= {of}, got {v}")
 
     def settle_rule(self) -> Any:
         from autotune.stats import SettleRule

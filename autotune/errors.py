@@ -9,7 +9,16 @@ on. ``BaselineFailed`` stops a run: without the defaults measured there is nothi
 
 from __future__ import annotations
 
-__all__ = ["AutotuneError", "BaselineFailed", "ClusterLost", "ConfigError", "TrialFailed"]
+from enum import Enum
+
+__all__ = [
+    "AutotuneError",
+    "BaselineFailed",
+    "ClusterLost",
+    "ConfigError",
+    "FailureReason",
+    "TrialFailed",
+]
 
 
 class AutotuneError(Exception):
@@ -20,17 +29,62 @@ class ConfigError(AutotuneError, ValueError):
     """Bad user input. The message names the offending thing and the fix, on one line."""
 
 
+class FailureReason(str, Enum):
+    """Why a trial ended without a measurement (the trial's ``reason`` attribute)."""
+
+    CRASH = "crash"
+    """A rank raised an error of its own, or its process died."""
+    TIMEOUT = "timeout"
+    """No result before the trial's deadline (a hung collective, a stuck rank)."""
+    OOM = "oom"
+    """Out of memory: host (``--max-memory``, MemoryError) or CUDA."""
+    NAN = "nan"
+    """The loss became NaN or infinite."""
+    ILLEGAL = "illegal"
+    """The configuration breaks a rule known before anything runs (e.g. NCCL's thread cap)."""
+    NUMERICS_DRIFT = "numerics_drift"
+    """The loss drifted from the fp32 baseline's beyond the tolerance."""
+    NODE_LOST = "node_lost"
+    """A node of the trial's ranks left the cluster."""
+    INTERRUPTED = "interrupted"
+    """Ctrl-C, or the driver running the trial died."""
+    CLUSTER_LOST = "cluster_lost"
+    """The cluster has no room for the trial's ranks any more."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def learned(self) -> bool:
+        """Whether the failure says something about the configuration, so the sampler should
+        move away from it (a lost node or Ctrl-C says nothing about it)."""
+        return self in _LEARNED
+
+
+_LEARNED = frozenset(
+    {
+        FailureReason.CRASH,
+        FailureReason.TIMEOUT,
+        FailureReason.OOM,
+        FailureReason.NAN,
+        FailureReason.ILLEGAL,
+        FailureReason.NUMERICS_DRIFT,
+    }
+)
+
+
 class TrialFailed(AutotuneError):
     """A trial ended without a measurement.
 
-    ``reason`` is a short machine-friendly tag (``crash``, ``timeout``, ``illegal``, ``nan``)
-    and ``detail`` the first meaningful line of what went wrong.
+    ``reason`` is a ``FailureReason`` (a ``str`` enum, so it compares and
+    stores as its tag: ``crash``, ``timeout``, ``illegal``, ``nan``...) and ``detail`` the first
+    meaningful line of what went wrong.
     """
 
     def __init__(self, reason: str, detail: str = "") -> None:
-        self.reason = reason
+        self.reason = FailureReason(reason)
         self.detail = detail
-        super().__init__(f"{reason}: {detail}" if detail else reason)
+        super().__init__(f"{self.reason}: {detail}" if detail else str(self.reason))
 
 
 class BaselineFailed(AutotuneError):

@@ -20,7 +20,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["KNOBS", "SECTIONS", "Knob", "Target", "illegal_combination", "knob"]
+__all__ = [
+    "KNOBS",
+    "SECTIONS",
+    "Knob",
+    "Target",
+    "changed_knobs",
+    "illegal_combination",
+    "knob",
+]
 
 #: Sections of a search space, in the order trials suggest them.
 SECTIONS = ("ddp", "batch", "data", "precision", "cpu", "nccl")
@@ -401,6 +409,18 @@ KNOBS: Mapping[str, Knob] = {k.name: k for k in _KNOB_LIST}
 
 def knob(name: str) -> Knob:
     return KNOBS[name]
+
+
+def changed_knobs(
+    params: Mapping[str, Any], reference: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The settings of ``params`` that differ from ``reference`` (a baseline trial's params, or
+    a resolved space's defaults). A knob ``reference`` lacks (one the baseline left inactive,
+    such as persistent_workers without workers) compares with the knob's own default; a knob
+    without a fixed default (its default depends on the target) then counts as changed."""
+    fixed = {k: kn.default for k, kn in KNOBS.items() if not callable(kn.default)}
+    ref = {**fixed, **(reference or {})}
+    return {k: v for k, v in params.items() if k not in ref or ref[k] != v}
 
 
 def illegal_combination(values: Mapping[str, Any], target: Target) -> str | None:

@@ -19,7 +19,6 @@ same strict loader (``Profile.load``) that the user's training script uses::
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
 import warnings
@@ -28,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune import _yaml
+from autotune import _yaml, apply
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.hardware import differences
@@ -188,12 +187,13 @@ class Profile:
 
     @property
     def comm_hook(self) -> dict[str, Any]:
+        """The communication hook ``wrap`` registers: ``{name: none|fp16|bf16|powersgd, ...}``."""
         return dict(self.ddp["comm_hook"])
 
     @property
     def dataloader_kwargs(self) -> dict[str, Any]:
         """``DataLoader`` kwargs, ``batch_size`` (the tuned micro-batch) included."""
-        return {"batch_size": self.batch["micro_batch"], **self.data}
+        return apply.dataloader_kwargs(self.batch["micro_batch"], self.data)
 
     @property
     def accumulation_steps(self) -> int:
@@ -234,9 +234,7 @@ class Profile:
         target = os.environ if environ is None else environ
         target.update(self.env)
         if environ is None and "OMP_NUM_THREADS" in self.env:
-            import torch
-
-            torch.set_num_threads(int(self.env["OMP_NUM_THREADS"]))
+            apply.set_threads(int(self.env["OMP_NUM_THREADS"]))
         return dict(self.env)
 
     def wrap(self, model: Any, **ddp_kwargs: Any) -> Any:
@@ -245,33 +243,19 @@ class Profile:
         Extra keyword arguments (``device_ids=[local_rank]``) go to DDP as well. Warns when the
         hardware differs from where the profile was measured.
         """
-        from torch.nn.parallel import DistributedDataParallel
-
-        from autotune.rank import register_comm_hook
-
         self.warn_if_hardware_differs()
-        ddp = DistributedDataParallel(model, **{**self.ddp_kwargs, **ddp_kwargs})
-        register_comm_hook(ddp, self.comm_hook)
-        return ddp
+        return apply.wrap(model, self.ddp_kwargs, self.comm_hook, **ddp_kwargs)
 
     def autocast(self, device_type: str = "cuda") -> Any:
-        """The tuned precision as a context for the forward pass and loss (TF32 is switched
-        on globally instead, for ``tf32``)."""
-        import torch
-
-        if self.precision == "tf32":
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
-        if dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type, dtype=dtype)
+        """The tuned precision as a context for the forward pass and loss. TF32 is a process
+        flag instead: switched on for ``tf32``, and for every other precision put back to what
+        the process had before autotune first set it (as each trial's rank does)."""
+        apply.set_tf32(self.precision == "tf32")
+        return apply.autocast(self.precision, device_type)
 
     def grad_scaler(self, device_type: str = "cuda") -> Any:
         """A ``GradScaler``, enabled only for fp16."""
-        import torch
-
-        return torch.amp.GradScaler(device_type, enabled=self.precision == "fp16")
+        return apply.grad_scaler(self.precision, device_type)
 
     def trial_config(self) -> TrialConfig:
         """The configuration as a trial runs it."""

@@ -1,13 +1,16 @@
 """What ``autotune run`` shows while it runs, and the table it ends with.
 
-On a terminal: a live rich display under the log lines (the budget as a progress bar, trials
-complete / failed / pruned, the best speedup so far, each running trial's settings). With
-``--quiet``, or when the output is not a terminal (a log file, CI), the same events are plain
-lines, one per trial, no colour and no redraws. Either way the run ends with a summary table.
+``RunView`` subscribes to the run's events (``autotune.events``): pass it as ``emit`` to
+``tuner.run``. On a terminal: a live rich display under the log lines (the budget as a
+progress bar, trials complete / failed / pruned, the best speedup so far, each running
+trial's settings). With ``--quiet``, or when the output is not a terminal (a log file, CI),
+the same events are plain lines, one per trial, no colour and no redraws. Either way the run
+ends with a summary table.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -17,9 +20,12 @@ from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 from rich.text import Text
 
+from autotune import events as ev
 from autotune.durations import format_duration
+from autotune.knobs import changed_knobs
+from autotune.study_record import baseline_trial, complete, failure_reasons
 
-__all__ = ["RunView", "changed_settings", "failure_line", "summary_table"]
+__all__ = ["RunView", "changed_settings", "failure_line", "format_changes", "summary_table"]
 
 
 class _Live(Progress):
@@ -64,6 +70,7 @@ class RunView:
         self.best: tuple[float, int] | None = None  # (speedup, trial)
         self.running: dict[str, str] = {}  # tag -> settings of each trial in flight
         self._progress: _Live | None = None
+        self._lock = threading.Lock()  # events come from every trial's thread
 
     def __enter__(self) -> RunView:
         if self.live:
@@ -79,6 +86,56 @@ class RunView:
     def log(self, text: str) -> None:
         """A line of the run's log (rich markup allowed; stripped off a plain console)."""
         self.console.print(text, highlight=False, soft_wrap=True)
+
+    def __call__(self, event: Any) -> None:
+        """Show one event of the run (``autotune.events``); called from any thread."""
+        with self._lock:
+            for line in self._render(event):
+                self.console.print(line, highlight=False, soft_wrap=True)
+
+    def _render(self, e: Any) -> list[Text]:
+        """Update the live state from ``e``; the log lines it makes (plain text, styled)."""
+        if isinstance(e, ev.Note):
+            return [Text(e.text)]
+        if isinstance(e, ev.BudgetStarted):
+            self.budget_started()
+            return []
+        if isinstance(e, ev.TrialStarted):
+            self.trial_started(e.tag, format_changes(e.changes))
+            return []
+        if isinstance(e, ev.TrialFinished):
+            speedup = None if e.outcome == ev.Outcome.FAILED else e.speedup
+            self.trial_finished(str(e.outcome), speedup, e.number, e.tag)
+            return [_trial_line(e)]
+        if isinstance(e, ev.StudyOpened):
+            return _study_lines(e)
+        if isinstance(e, ev.ValidationStarted):
+            return [
+                Text(
+                    f"Re-validating {', '.join(e.candidates)} against the baseline: "
+                    f"{e.rounds} interleaved rounds ({e.runs} runs)"
+                )
+            ]
+        if isinstance(e, ev.ValidationRun):
+            self.running.pop(f"re-validating {e.key}", None)
+            if e.failure is not None:
+                return [Text.assemble(f"  {e.key:>10} ", ("FAIL", "red"), f" {e.failure}")]
+            pm = 100 * (e.rel_half_width or 0.0)
+            return [Text(f"  {e.key:>10} {e.throughput:9.1f} samples/s ±{pm:.1f}%")]
+        if isinstance(e, ev.ValidationDone):
+            self.running.clear()
+            if e.winner is None:
+                return [Text(e.reason)]
+            if e.beats_baseline and e.speedup is not None:
+                low, median, high = e.speedup
+                return [
+                    Text(
+                        f"Validated: {e.winner} is {median:.2f}x the defaults "
+                        f"(95% interval {low:.2f}-{high:.2f}x)"
+                    )
+                ]
+            return [Text(f"Validated: {e.reason}")]
+        return []
 
     def budget_started(self) -> None:
         self.started = time.monotonic()
@@ -114,30 +171,62 @@ class RunView:
         return lines
 
 
+def _study_lines(e: ev.StudyOpened) -> list[Text]:
+    if e.created:
+        lines = [Text.assemble("New study ", (e.name, "bold"))]
+    else:
+        lines = [Text.assemble("Resuming study ", (e.name, "bold"), f" ({e.trials} trials so far)")]
+    lines.append(Text(f"Searching {len(e.dimensions)} dimensions: {', '.join(e.dimensions)}"))
+    if e.left_out:
+        lines.append(Text("Left out on this backend/device (no trial is spent on a no-op):"))
+        lines.extend(Text(f"  - {item}") for item in e.left_out)
+    if e.closed:
+        lines.append(
+            Text(
+                f"Closed {len(e.closed)} trial(s) left RUNNING by a driver that died: "
+                f"{', '.join(map(str, e.closed))} (FAIL, reason interrupted)"
+            )
+        )
+    return lines
+
+
+def _trial_line(e: ev.TrialFinished) -> Text:
+    """``[1m05s]   trial 3     512.0 samples/s  1.21x ±2.1% 4w  static_graph=True``."""
+    shown = format_changes(e.changes)
+    head = f"[{format_duration(e.elapsed_s)}] {e.tag:>9} "
+    if e.outcome == ev.Outcome.FAILED:
+        return Text.assemble(head, ("FAIL", "red"), f" {e.reason}: {e.detail}  ", (shown, "dim"))
+    speedup = "  -  " if e.speedup is None else f"{e.speedup:5.2f}"
+    pruned = ("PRUNED ", "yellow") if e.outcome == ev.Outcome.PRUNED else ""
+    pm = 100 * (e.rel_half_width or 0.0)
+    return Text.assemble(
+        head,
+        (f"{e.throughput:9.1f}", "green"),
+        f" samples/s {speedup}x ",
+        pruned,
+        f"±{pm:.1f}% {e.windows}w  ",
+        (shown, "dim"),
+    )
+
+
 def summary_table(study: Any, *, top: int = 5) -> Table:
     """The baseline and the best ``top`` COMPLETE trials: throughput, speedup, what changed."""
     from optuna.trial import TrialState
 
-    from autotune.knobs import KNOBS
-    from autotune.tuner import _baseline_trial, _complete
-
-    base = _baseline_trial(study)
-    complete = _complete(study)
-    # The baseline's params lack the knobs it left inactive (persistent_workers without
-    # workers): those compare with the knob's own default.
-    fixed = {k: kn.default for k, kn in KNOBS.items() if not callable(kn.default)}
-    reference = None if base is None else {**fixed, **base.params}
+    base = baseline_trial(study)
+    done = complete(study)
+    reference = None if base is None else base.params
     multi = len(study.directions) > 1
     front = {t.number for t in study.best_trials} if multi else set()
-    ranked = sorted(complete, key=lambda t: -t.values[0])[:top]
+    ranked = sorted(done, key=lambda t: -t.values[0])[:top]
     if multi:  # the whole Pareto front, fastest first
         ranked = sorted(study.best_trials, key=lambda t: -t.values[0])
     if base is not None and base.state == TrialState.COMPLETE and base not in ranked:
         ranked.append(base)
     title = (
-        f"Pareto front of {len(complete)} complete trials (samples/s up, peak memory down)"
+        f"Pareto front of {len(done)} complete trials (samples/s up, peak memory down)"
         if multi
-        else f"Best of {len(complete)} complete trials"
+        else f"Best of {len(done)} complete trials"
     )
     table = Table(title=title, title_justify="left")
     table.add_column("trial", justify="right")
@@ -164,8 +253,6 @@ def summary_table(study: Any, *, top: int = 5) -> Table:
 
 def failure_line(study: Any) -> str | None:
     """``failed: 3 timeout, 1 crash`` or None when nothing failed."""
-    from autotune.tuner import failure_reasons
-
     reasons = failure_reasons(study)
     if not reasons:
         return None
@@ -173,10 +260,14 @@ def failure_line(study: Any) -> str | None:
 
 
 def changed_settings(params: dict[str, Any], reference: dict[str, Any] | None) -> str:
-    """The settings of ``params`` that differ from ``reference`` (None: all of them) as
-    ``k=v`` words, or ``defaults``."""
-    changed = {k: v for k, v in params.items() if reference is None or reference.get(k) != v}
-    return " ".join(f"{k}={_short(v)}" for k, v in changed.items()) or "defaults"
+    """The settings of ``params`` that differ from ``reference`` (``knobs.changed_knobs``;
+    None: all of them) as ``k=v`` words, or ``defaults``."""
+    return format_changes(params if reference is None else changed_knobs(params, reference))
+
+
+def format_changes(changes: dict[str, Any]) -> str:
+    """``k=v`` words for changed settings, or ``defaults`` when there are none."""
+    return " ".join(f"{k}={_short(v)}" for k, v in changes.items()) or "defaults"
 
 
 def _short(v: Any) -> str:

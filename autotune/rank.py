@@ -31,16 +31,16 @@ import resource
 import statistics
 import time
 from collections.abc import Iterator
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from autotune import apply
 from autotune.config import MeasureSettings, TrialConfig
 from autotune.numerics import CURVE_STEPS
 from autotune.stats import Interval
 
-__all__ = ["NonFiniteLoss", "RankSpec", "run_rank"]
+__all__ = ["NonFiniteLoss", "RankResult", "RankSpec", "run_rank"]
 
 
 class NonFiniteLoss(RuntimeError):
@@ -84,49 +84,45 @@ class RankSpec:
     """The best trial's throughput interval (``Interval.to_dict``): prune below it."""
 
 
-#: The process's own TF32 flags (matmul, cuDNN), restored for trials that do not ask for TF32.
-_TF32_DEFAULTS: tuple[bool, bool] | None = None
+@dataclass(kw_only=True)
+class RankResult:
+    """What one rank measured in one trial (the launcher adds where and in which process)."""
 
-
-def _set_tf32(on: bool) -> None:
-    """TF32 on for this trial, or back to the process's defaults: a pooled process must not
-    keep an earlier trial's flags."""
-    import torch
-
-    global _TF32_DEFAULTS
-    if _TF32_DEFAULTS is None:
-        _TF32_DEFAULTS = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    matmul, cudnn = (True, True) if on else _TF32_DEFAULTS
-    torch.backends.cuda.matmul.allow_tf32 = matmul
-    torch.backends.cudnn.allow_tf32 = cudnn
-
-
-def _autocast_dtype(precision: str) -> Any:
-    import torch
-
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-
-
-def register_comm_hook(ddp: Any, hook: dict[str, Any]) -> None:
-    """Register the trial's communication hook on the DDP module (torch's own hooks)."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-
-    name = hook["name"]
-    if name == "none":
-        return
-    if name == "fp16":
-        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    elif name == "bf16":
-        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
-    elif name == "powersgd":
-        state = powerSGD_hook.PowerSGDState(
-            process_group=None,
-            matrix_approximation_rank=hook["matrix_approximation_rank"],
-            start_powerSGD_iter=hook["start_powerSGD_iter"],
-        )
-        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    else:
-        raise ValueError(f"unknown comm hook {name!r}")
+    rank: int
+    applied: dict[str, Any]
+    """The settings read back from the live objects (DDP, DataLoader, scaler), not the spec."""
+    pid: int
+    steps: int
+    """Optimizer steps inside timed windows."""
+    samples: int
+    """Samples this rank processed inside timed windows."""
+    window_s: float
+    """Seconds inside timed windows (the slowest rank's, every rank holds the same)."""
+    windows: list[float]
+    """Samples/s over all ranks, one per timed window (the same list on every rank)."""
+    steps_per_window: int
+    warmup_steps: int
+    stop: str
+    """Why the windows stopped: ``converged``, ``cap`` or ``pruned`` (``autotune.stats``)."""
+    setup_s: float
+    """Seconds from the call to the first timed window: process group, model, DDP, loader,
+    warm-up."""
+    warmup_s: float
+    measure_s: float
+    """Seconds of the timed windows and the gaps between them."""
+    loss: float
+    loss_curve: list[float]
+    peak_memory_mb: float
+    env_at_start: dict[str, str | None] = field(default_factory=dict)
+    """The process environment's trial variables as the process started (what NCCL read)."""
+    pg_at_start: bool = False
+    """Whether a process group existed when the process started (never should)."""
+    process_trials: int = 1
+    """Trials this process has run, this one included."""
+    reused: bool = False
+    """Whether the process ran an earlier trial (the launcher's pool)."""
+    node_ip: str | None = None
+    """The address of the node the rank ran on."""
 
 
 def _batches(loader: Any, sampler: Any) -> Iterator[Any]:
@@ -145,7 +141,7 @@ def _batches(loader: Any, sampler: Any) -> Iterator[Any]:
 _LAST_GROUP: list[Any] = []
 
 
-def run_rank(spec: RankSpec, store: Any = None) -> dict[str, Any]:
+def run_rank(spec: RankSpec, store: Any = None) -> RankResult:
     """Run one rank of a trial and return its measurement; leave the process as clean as the
     trial found it (see module doc). ``store``: rank 0's ``TCPStore``, already listening at
     ``master_port`` (others connect to it; without one, rank 0 starts it here)."""
@@ -168,23 +164,22 @@ def run_rank(spec: RankSpec, store: Any = None) -> dict[str, Any]:
             ctypes.CDLL(None).malloc_trim(0)
 
 
-def _run_rank(spec: RankSpec, store: Any) -> dict[str, Any]:
+def _run_rank(spec: RankSpec, store: Any) -> RankResult:
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader, DistributedSampler
 
     from autotune.workload import load_workload
 
     started = time.perf_counter()
     cfg = spec.config
-    torch.set_num_threads(cfg.threads)
+    apply.set_threads(cfg.threads)
     cuda = spec.backend == "nccl"
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
         torch.cuda.reset_peak_memory_stats(device)
-    _set_tf32(cfg.precision == "tf32")
+    apply.set_tf32(cfg.precision == "tf32")
 
     def sync() -> None:
         if cuda:
@@ -209,8 +204,7 @@ def _run_rank(spec: RankSpec, store: Any) -> dict[str, Any]:
         wl = load_workload(spec.trainer, spec.trainer_options)
         torch.manual_seed(spec.seed)
         model = wl.model().to(device)
-        ddp = DistributedDataParallel(model, device_ids=[0] if cuda else None, **cfg.ddp)
-        register_comm_hook(ddp, cfg.comm_hook)
+        ddp = apply.wrap(model, cfg.ddp, cfg.comm_hook, device_ids=[0] if cuda else None)
         optimizer = wl.optimizer(ddp.parameters())
         sampler = DistributedSampler(
             wl.dataset,
@@ -220,11 +214,13 @@ def _run_rank(spec: RankSpec, store: Any) -> dict[str, Any]:
             drop_last=True,
         )
         loader = DataLoader(
-            wl.dataset, batch_size=cfg.micro_batch, sampler=sampler, drop_last=True, **cfg.data
+            wl.dataset,
+            sampler=sampler,
+            drop_last=True,
+            **apply.dataloader_kwargs(cfg.micro_batch, cfg.data),
         )
         batches = _batches(loader, sampler)
-        dtype = _autocast_dtype(cfg.precision)
-        scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
+        scaler = apply.grad_scaler(cfg.precision, device.type)
         accum = cfg.accumulation_steps
         peak_rss = 0.0  # this trial's peak RSS (MiB), sampled where memory use peaks
         curve: list[torch.Tensor] = []  # the first steps' losses, for the numerics guard
@@ -237,8 +233,8 @@ def _run_rank(spec: RankSpec, store: Any) -> dict[str, Any]:
                 x = x.to(device, non_blocking=True)
                 y = y.to(device, non_blocking=True)
                 # All-reduce only on the last micro-step.
-                with ddp.no_sync() if micro < accum - 1 else nullcontext():
-                    with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                with apply.micro_step(ddp, micro, accum):
+                    with apply.autocast(cfg.precision, device.type):
                         loss = wl.loss(ddp(x), y) / accum
                     peak_rss = max(peak_rss, rss_mb())  # activations held for the backward
                     scaler.scale(loss).backward()
@@ -324,23 +320,23 @@ def _run_rank(spec: RankSpec, store: Any) -> dict[str, Any]:
             "accumulation_steps": accum,
             "grad_scaler": scaler.is_enabled(),
         }
-        return {
-            "rank": spec.rank,
-            "applied": applied,
-            "pid": os.getpid(),
-            "steps": steps * len(windows),
-            "samples": steps * len(windows) * cfg.micro_batch * accum,
-            "window_s": sum(window_s),
-            "windows": windows,
-            "steps_per_window": steps,
-            "warmup_steps": len(step_times),
-            "stop": stop,
-            "setup_s": setup_s,
-            "warmup_s": measure_started - warmup_started,
-            "measure_s": time.perf_counter() - measure_started,  # windows and the gaps between
-            "loss": loss,
-            "loss_curve": [float(x) for x in curve],
-            "peak_memory_mb": round(peak_mb, 1),
-        }
+        return RankResult(
+            rank=spec.rank,
+            applied=applied,
+            pid=os.getpid(),
+            steps=steps * len(windows),
+            samples=steps * len(windows) * cfg.micro_batch * accum,
+            window_s=sum(window_s),
+            windows=windows,
+            steps_per_window=steps,
+            warmup_steps=len(step_times),
+            stop=stop,
+            setup_s=setup_s,
+            warmup_s=measure_started - warmup_started,
+            measure_s=time.perf_counter() - measure_started,
+            loss=loss,
+            loss_curve=[float(x) for x in curve],
+            peak_memory_mb=round(peak_mb, 1),
+        )
     finally:
         dist.destroy_process_group()

@@ -23,7 +23,14 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.tuner import _complete, failure_reasons
+from autotune.knobs import changed_knobs
+from autotune.study_record import (
+    baseline_trial,
+    complete,
+    counts,
+    failure_reasons,
+    record,
+)
 
 __all__ = ["Figure", "Report", "build", "write"]
 
@@ -108,15 +115,12 @@ def _lower_is_better(study: optuna.Study) -> Callable[[FrozenTrial], float] | No
 
 def _why_not(study: optuna.Study, fn: str) -> str | None:
     """Why Optuna's figure ``fn`` would be empty for this study (None: it can be drawn)."""
-    complete = _complete(study)
+    done = complete(study)
     if fn == "plot_timeline":
         return None if study.trials else "the study has no trials"
-    if not complete:
+    if not done:
         return "no COMPLETE trial yet"
-    if (
-        fn == "plot_param_importances"
-        and len({tuple(sorted(t.params.items())) for t in complete}) < 2
-    ):
+    if fn == "plot_param_importances" and len({tuple(sorted(t.params.items())) for t in done}) < 2:
         return "needs at least two COMPLETE trials with different parameters"
     return None
 
@@ -228,7 +232,7 @@ def write(report: Report, out_dir: Path) -> list[Path]:
 def _changed(t: FrozenTrial, baseline: FrozenTrial | None) -> str:
     if baseline is None:
         return ", ".join(f"{k}={v}" for k, v in t.params.items())
-    diff = {k: v for k, v in t.params.items() if baseline.params.get(k) != v}
+    diff = changed_knobs(t.params, baseline.params)
     return ", ".join(f"{k}={v}" for k, v in diff.items()) or "defaults"
 
 
@@ -247,24 +251,21 @@ def _fmt(x: Any, spec: str) -> str:
 
 
 def _summary(study: optuna.Study) -> tuple[str, FrozenTrial | None]:
-    from autotune.tuner import ATTR, _baseline_trial, _counts
-
-    record = study.user_attrs.get(ATTR, {})
-    base = _baseline_trial(study)
-    counts = _counts(study)
+    rec = record(study)
+    base = baseline_trial(study)
     rows: list[list[Any]] = [
         ["study", study.study_name],
-        ["trials", ", ".join(f"{v} {k}" for k, v in counts.items())],
+        ["trials", ", ".join(f"{v} {k}" for k, v in counts(study).items())],
     ]
-    if record.get("workload"):
-        rows.append(["workload", record["workload"]])
-    if record.get("hardware"):
-        rows.append(["hardware", record["hardware"]])
-    complete = _complete(study)
+    if rec.get("workload"):
+        rows.append(["workload", rec["workload"]])
+    if rec.get("hardware"):
+        rows.append(["hardware", rec["hardware"]])
+    done = complete(study)
     if base is not None:
         name = _objective_name(study)
         rows.append(["baseline", f"{base.values[0]:.1f} {name} (trial {base.number})"])
-    if complete and len(study.directions) == 1:
+    if done and len(study.directions) == 1:
         best = study.best_trial
         rows.append(
             [
@@ -273,7 +274,7 @@ def _summary(study: optuna.Study) -> tuple[str, FrozenTrial | None]:
                 f"{_fmt(best.user_attrs.get('speedup'), '.2f')}x): {_changed(best, base)}",
             ]
         )
-    for item in record.get("left_out", []):
+    for item in rec.get("left_out", []):
         rows.append(["left out", item])
     return _table(["", ""], rows), base
 
@@ -284,7 +285,7 @@ def _html(report: Report) -> str:
     study = report.study
     e = html.escape
     summary, base = _summary(study)
-    complete = sorted(_complete(study), key=lambda t: -(t.values[0] if t.values else 0))
+    ranked = sorted(complete(study), key=lambda t: -(t.values[0] if t.values else 0))
     best_rows = [
         [
             t.number,
@@ -294,7 +295,7 @@ def _html(report: Report) -> str:
             _fmt(t.user_attrs.get("overhead_s"), ".1f"),
             _changed(t, base),
         ]
-        for t in complete[:TOP]
+        for t in ranked[:TOP]
     ]
     failed = study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
     fail_rows = [
@@ -309,7 +310,7 @@ def _html(report: Report) -> str:
     parts = [
         f"<h1>autotune report: {e(study.study_name)}</h1>",
         summary,
-        f"<h2>Best {min(TOP, len(complete))} of {len(complete)} COMPLETE trials</h2>",
+        f"<h2>Best {min(TOP, len(ranked))} of {len(ranked)} COMPLETE trials</h2>",
         _table(
             ["trial", _objective_name(study), "speedup", "window s", "overhead s", "changed"],
             best_rows,
@@ -342,8 +343,8 @@ def _html(report: Report) -> str:
 
 def _profile_note(study: optuna.Study) -> str | None:
     """The profile ``autotune export`` would write for the study, as YAML."""
-    from autotune.tuner import study_profile
+    from autotune.export import study_profile
 
-    if not _complete(study) or len(study.directions) > 1:
+    if not complete(study) or len(study.directions) > 1:
         return None  # a multi-objective study exports its Pareto set, not one profile
     return study_profile(study).to_yaml()

@@ -18,34 +18,44 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune._compat import STUDY_TRIALS_METHOD, call_study_trials
 from autotune.errors import ConfigError
+from autotune.failures import learned_reasons
 
 __all__ = ["LEARNED_REASONS", "FailureAwareTPESampler", "make_sampler"]
 
-#: Failure reasons that say something about the configuration.
-LEARNED_REASONS = frozenset({"crash", "timeout", "oom", "nan", "illegal", "numerics_drift"})
+#: Failure reasons that say something about the configuration (``FailureReason.learned``).
+LEARNED_REASONS = learned_reasons()
 
 
 class _FailuresAsPruned:
-    """A read-only view of a study in which configuration failures look like PRUNED trials."""
+    """A read-only view of a study in which configuration failures look like PRUNED trials.
+
+    Optuna's samplers read trials through a private method of the study
+    (``autotune._compat.STUDY_TRIALS_METHOD``); the view answers that one, and forwards
+    everything else to the study."""
 
     def __init__(self, study: optuna.Study) -> None:
         self._study = study
 
     def __getattr__(self, name: str) -> Any:
+        if name == STUDY_TRIALS_METHOD:
+            return self._trials
         return getattr(self._study, name)
 
-    def _get_trials(
+    def _trials(
         self,
         deepcopy: bool = True,
         states: Container[TrialState] | None = None,
         use_cache: bool = False,
     ) -> list[FrozenTrial]:
-        trials = self._study._get_trials(deepcopy=deepcopy, states=states, use_cache=use_cache)
+        trials = call_study_trials(
+            self._study, deepcopy=deepcopy, states=states, use_cache=use_cache
+        )
         if states is None or TrialState.PRUNED not in states:
             return trials
         failed = []
-        for t in self._study._get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+        for t in self._study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
             if t.user_attrs.get("reason") in LEARNED_REASONS:
                 shown = copy.copy(t)
                 shown.state = TrialState.PRUNED

@@ -55,17 +55,17 @@ def measure(reuse: bool) -> list[dict]:
                 seed=0,
                 timeout_s=300,
             )
-            r = max(res.ranks, key=lambda r: r["setup_s"])  # the slower rank's breakdown
+            r = max(res.ranks, key=lambda r: r.setup_s)  # the slower rank's breakdown
             row = {
                 "wall": res.wall_s,
                 "window": res.window_s,
                 "overhead": res.overhead_s,
-                "init": r["setup_s"] - r["warmup_s"],
-                "warmup": r["warmup_s"],
-                "warmup_steps": r["warmup_steps"],
-                "gaps": r["measure_s"] - r["window_s"],
-                "outside": res.wall_s - r["setup_s"] - r["measure_s"],
-                "reused": all(x["reused"] for x in res.ranks),
+                "init": r.setup_s - r.warmup_s,
+                "warmup": r.warmup_s,
+                "warmup_steps": r.warmup_steps,
+                "gaps": r.measure_s - r.window_s,
+                "outside": res.wall_s - r.setup_s - r.measure_s,
+                "reused": all(x.reused for x in res.ranks),
                 "tput": res.throughput,
                 "windows": len(res.windows),
             }

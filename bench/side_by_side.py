@@ -48,12 +48,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autotune import tuner
+from autotune import study_record, tuner
+from autotune.cluster import connect
 from autotune.config import TrialConfig
 from autotune.durations import parse_duration
 from autotune.errors import AutotuneError, TrialFailed
 from autotune.knobs import Target
-from autotune.launcher import TrialRunner, connect
+from autotune.launcher import TrialRunner
 from autotune.profile import Profile
 from autotune.progress import RunView
 from autotune.space import SearchSpace
@@ -143,16 +144,16 @@ def tuning_run(
         "validated": bool(validation.get("beats_baseline")),
         "config": profile.trial_config().to_dict(),
         "defaults": TrialConfig.from_dict(
-            tuner._baseline_trial(study).user_attrs["config"]
+            study_record.baseline_trial(study).user_attrs["config"]
         ).to_dict(),
         "top": top[:ORACLE_TOP],
         "target": {
             **{
                 k: v
-                for k, v in study.user_attrs[tuner.ATTR]["workload"].items()
+                for k, v in study_record.record(study)["workload"].items()
                 if k in ("backend", "world_size", "global_batch")
             },
-            "device": study.user_attrs[tuner.ATTR]["hardware"]["device"],
+            "device": study_record.record(study)["hardware"]["device"],
         },
     }
 

@@ -55,10 +55,10 @@ def test_single_rank_nccl_trial_applies_env_precision_and_pinning(ray_address):
             timeout_s=300,
         )
         rank = res.ranks[0]
-        assert rank["env_at_start"]["NCCL_ALGO"] == "Ring"
-        assert rank["env_at_start"]["NCCL_BUFFSIZE"] == "8388608"
-        assert rank["applied"]["pin_memory"] is True
-        assert rank["applied"]["grad_scaler"] is (values["precision"] == "fp16")
+        assert rank.env_at_start["NCCL_ALGO"] == "Ring"
+        assert rank.env_at_start["NCCL_BUFFSIZE"] == "8388608"
+        assert rank.applied["pin_memory"] is True
+        assert rank.applied["grad_scaler"] is (values["precision"] == "fp16")
         assert res.throughput > 0
     finally:
         runner.close()

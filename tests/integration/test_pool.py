@@ -24,7 +24,7 @@ def run(runner, cfg=None, trainer="tiny", options=None, **kwargs):
 
 
 def pids(res) -> list[int]:
-    return [r["pid"] for r in res.ranks]
+    return [r.pid for r in res.ranks]
 
 
 def children(pid: int) -> list[int]:
@@ -46,11 +46,11 @@ def test_trials_with_the_same_env_run_in_the_same_processes(runner):
     second = run(runner, config(bucket_cap_mb=5.0, comm_hook="fp16", micro_batch=8))
     assert pids(second) == pids(first) and len(set(pids(first))) == 2
     for a, b in zip(first.ranks, second.ranks, strict=True):
-        assert b["reused"] is True and b["process_trials"] == a["process_trials"] + 1
-        assert b["applied"]["comm_hook"] == "fp16_compress_hook"
-        assert b["applied"]["accumulation_steps"] == 2
+        assert b.reused is True and b.process_trials == a.process_trials + 1
+        assert b.applied["comm_hook"] == "fp16_compress_hook"
+        assert b.applied["accumulation_steps"] == 2
     assert second.throughput > 0 and len(second.windows) >= QUICK.min_windows
-    assert second.ranks[0]["windows"] == second.ranks[1]["windows"]
+    assert second.ranks[0].windows == second.ranks[1].windows
 
 
 def test_another_env_starts_fresh_processes_that_see_it(runner):
@@ -60,8 +60,8 @@ def test_another_env_starts_fresh_processes_that_see_it(runner):
     res = run(runner, cfg)
     assert not set(pids(res)) & set(old)
     for r in res.ranks:
-        assert r["reused"] is False and r["process_trials"] == 1
-        assert r["env_at_start"]["NCCL_BUFFSIZE"] == "2097152" and r["pg_at_start"] is False
+        assert r.reused is False and r.process_trials == 1
+        assert r.env_at_start["NCCL_BUFFSIZE"] == "2097152" and r.pg_at_start is False
     assert wait_gone(old, within_s=10) == []
     assert pids(run(runner, cfg)) == pids(res)  # and the new env's processes are pooled
 
@@ -74,7 +74,7 @@ def test_after_a_failed_trial_the_next_starts_fresh_and_the_old_ranks_are_gone(r
     assert wait_gone(old, within_s=10) == []
     res = run(runner)
     assert not set(pids(res)) & set(old)
-    assert [r["reused"] for r in res.ranks] == [False, False]
+    assert [r.reused for r in res.ranks] == [False, False]
 
 
 def test_a_dead_pooled_rank_never_fails_the_next_trial(runner):
@@ -89,12 +89,12 @@ def test_a_dead_pooled_rank_never_fails_the_next_trial(runner):
 def test_peak_memory_is_the_trials_own_not_the_processes(runner):
     # 16.8 M parameters: weights, gradients, DDP buckets and Adam's two states, ~320 MiB
     big = run(runner, options={"width": 2048, "layers": 4})
-    limit = min(r["peak_memory_mb"] for r in big.ranks) - 150
+    limit = min(r.peak_memory_mb for r in big.ranks) - 150
     # a small trial in the same processes stays under a limit the big one was over
     small = run(runner, max_memory_mb=limit)
     assert pids(small) == pids(big)
     for b, s in zip(big.ranks, small.ranks, strict=True):
-        assert s["reused"] is True and 0 < s["peak_memory_mb"] < limit < b["peak_memory_mb"]
+        assert s.reused is True and 0 < s.peak_memory_mb < limit < b.peak_memory_mb
 
 
 @pytest.mark.parametrize("persistent", [False, True])
@@ -103,8 +103,8 @@ def test_no_dataloader_worker_outlives_a_trial_in_a_reused_process(runner, tmp_p
     cfg = config(num_workers=2, prefetch_factor=2, persistent_workers=persistent)
     res = run(runner, cfg, options={"pid_dir": str(tmp_path)})
     ranks = pids(res)
-    assert all(r["reused"] for r in res.ranks)
-    assert res.ranks[0]["applied"]["num_workers"] == 2
+    assert all(r.reused for r in res.ranks)
+    assert res.ranks[0].applied["num_workers"] == 2
     workers = [int(p.name) for p in tmp_path.iterdir() if int(p.name) not in ranks]
     assert len(workers) >= 2  # each rank had its own loading processes
     # gone as the ranks returned their results, before any next trial could measure

@@ -32,26 +32,26 @@ def test_probe_sees_the_cpu_from_inside_the_ranks_bundle(runner):
 
 def test_baseline_trial_runs_two_real_ranks_with_pytorch_defaults(runner):
     res = run(runner, config())
-    assert [r["rank"] for r in res.ranks] == [0, 1]
-    assert res.ranks[0]["pid"] != res.ranks[1]["pid"]  # separate processes
+    assert [r.rank for r in res.ranks] == [0, 1]
+    assert res.ranks[0].pid != res.ranks[1].pid  # separate processes
     r0, r1 = res.ranks
     # the protocol: warm-up until settled, then 2-3 windows all ranks agreed on
-    assert r0["warmup_steps"] == r1["warmup_steps"] >= QUICK.settle_rule().earliest
-    assert r0["windows"] == r1["windows"]  # the slowest rank's times, same on every rank
-    assert QUICK.min_windows <= len(r0["windows"]) <= QUICK.max_windows
-    assert r0["stop"] in ("converged", "cap")
-    assert r0["steps"] == len(r0["windows"]) * r0["steps_per_window"]
+    assert r0.warmup_steps == r1.warmup_steps >= QUICK.settle_rule().earliest
+    assert r0.windows == r1.windows  # the slowest rank's times, same on every rank
+    assert QUICK.min_windows <= len(r0.windows) <= QUICK.max_windows
+    assert r0.stop in ("converged", "cap")
+    assert r0.steps == len(r0.windows) * r0.steps_per_window
     # throughput is the median window; windows add up to the samples over the timed seconds
-    assert res.throughput == pytest.approx(sorted(r0["windows"])[len(r0["windows"]) // 2])
+    assert res.throughput == pytest.approx(sorted(r0.windows)[len(r0.windows) // 2])
     ci = res.interval
-    assert ci.low <= res.throughput <= ci.high and ci.n == len(r0["windows"])
-    total = sum(r["samples"] for r in res.ranks)
-    harmonic = total / sum(total / len(r0["windows"]) / w for w in r0["windows"])
-    assert harmonic == pytest.approx(total / r0["window_s"], rel=1e-6)
-    applied = res.ranks[0]["applied"]
+    assert ci.low <= res.throughput <= ci.high and ci.n == len(r0.windows)
+    total = sum(r.samples for r in res.ranks)
+    harmonic = total / sum(total / len(r0.windows) / w for w in r0.windows)
+    assert harmonic == pytest.approx(total / r0.window_s, rel=1e-6)
+    applied = res.ranks[0].applied
     assert applied["bucket_cap_mb"] == 25 and applied["comm_hook"] == "none"
     assert applied["accumulation_steps"] == 1 and applied["micro_batch"] == 16
-    assert res.ranks[0]["peak_memory_mb"] > 0
+    assert res.ranks[0].peak_memory_mb > 0
 
 
 def test_trial_env_is_in_every_rank_process_before_the_process_group(runner):
@@ -60,10 +60,10 @@ def test_trial_env_is_in_every_rank_process_before_the_process_group(runner):
         cfg.env.update(NCCL_BUFFSIZE=value, AUTOTUNE_TEST_MARK=f"trial-{value}")
         res = run(runner, cfg)
         for r in res.ranks:
-            assert r["env_at_start"]["NCCL_BUFFSIZE"] == value
-            assert r["env_at_start"]["AUTOTUNE_TEST_MARK"] == f"trial-{value}"
-            assert r["env_at_start"]["OMP_NUM_THREADS"] == "1"
-            assert r["pg_at_start"] is False
+            assert r.env_at_start["NCCL_BUFFSIZE"] == value
+            assert r.env_at_start["AUTOTUNE_TEST_MARK"] == f"trial-{value}"
+            assert r.env_at_start["OMP_NUM_THREADS"] == "1"
+            assert r.pg_at_start is False
 
 
 def test_each_setting_is_applied_where_it_acts(runner):
@@ -79,13 +79,13 @@ def test_each_setting_is_applied_where_it_acts(runner):
         ),
     )
     for r in res.ranks:
-        a = r["applied"]
+        a = r.applied
         assert a["bucket_cap_mb"] == pytest.approx(5.0)
         assert a["gradient_as_bucket_view"] is True
         assert a["comm_hook"] == "fp16_compress_hook"
         assert (a["micro_batch"], a["accumulation_steps"]) == (4, 4)  # global batch kept
         assert a["num_workers"] == 1
-        assert r["samples"] == r["steps"] * 16
+        assert r.samples == r.steps * 16
 
 
 def test_a_rank_that_raises_fails_the_trial_with_its_first_error_line(runner):
@@ -106,7 +106,7 @@ def test_a_trial_clearly_below_the_incumbent_is_pruned_with_its_partial_numbers(
                          high=base.throughput * 11, n=5)  # fmt: skip
     res = runner.run(trial=1, trainer=TRAINER, trainer_options={}, config=config(),
                      measure=QUICK, seed=0, timeout_s=120, incumbent=far_above)  # fmt: skip
-    assert res.pruned and res.ranks[0]["stop"] == "pruned"
+    assert res.pruned and res.ranks[0].stop == "pruned"
     assert len(res.windows) == QUICK.prune_after  # stopped as soon as the rule may act
     assert res.interval.high < far_above.low
     # an incumbent within reach never prunes ("within reach" allows for this shared machine's

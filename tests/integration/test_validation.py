@@ -8,11 +8,15 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import create_trial
 
+from autotune.events import ValidationDone, ValidationStarted
+from autotune.export import export_profile
+from autotune.measure import Measurer
 from autotune.profile import Profile
 from autotune.space import SearchSpace
 from autotune.stats import NO_WINNER_REASON
+from autotune.study_record import ATTR
 from autotune.studydef import StudyDefinition
-from autotune.tuner import ATTR, _Loop, export_profile
+from autotune.validation import revalidate
 from tests.integration.conftest import QUICK, TARGET, config
 
 pytestmark = pytest.mark.integration
@@ -41,21 +45,25 @@ def test_a_search_winner_that_remeasures_slower_is_not_exported(runner, tmp_path
     definition = StudyDefinition(
         name="t", trainer="autotune_test_trainers:tiny", measure=QUICK, seed=0
     )
-    loop = _Loop(
+    events = []
+    record = revalidate(
         study=study,
-        runners=[runner],
-        space=SearchSpace.load("default").resolve(TARGET),
         definition=definition,
-        view=None,
+        plan=(1, 2),  # one candidate, two interleaved rounds
+        measure=Measurer(study=study, runners=[runner], definition=definition),
+        emit=events.append,
+        defaults=SearchSpace.load("default").resolve(TARGET).defaults(),
     )
-    loop.plan = (1, 2)  # one candidate, two interleaved rounds
-    record = loop.validate()
 
     assert record["order"] == ["baseline", "trial 1", "trial 1", "baseline"]  # A B B A
     assert [len(v) for v in record["measurements"].values()] == [2, 2]
     assert record["winner"] == "baseline" and record["beats_baseline"] is False
     assert record["reason"] == NO_WINNER_REASON
     assert study.user_attrs["validation"] == record
+    assert isinstance(events[0], ValidationStarted) and events[0].runs == 4
+    assert events[-1] == ValidationDone(
+        winner="baseline", beats_baseline=False, speedup=(1.0, 1.0, 1.0), reason=NO_WINNER_REASON
+    )
 
     profile = Profile.load(export_profile(study, tmp_path / "p.yaml"))
     assert profile.study["best_trial"] == 0  # the defaults, not the search's 10x trial

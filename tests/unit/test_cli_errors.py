@@ -68,14 +68,20 @@ CASES = {
         r"'MySQLdb'\); pip install the module named",
     ),
     "unknown study": (lambda t: ["--study", "nope"], r"--study: unknown study definition"),
-    "unknown sampler": (lambda t: ["--sampler", "bayes"], r"--sampler: unknown sampler 'bayes'"),
+    "unknown sampler": (
+        lambda t: ["--sampler", "bayes"],
+        r"--sampler: must be one of tpe, gp, random, cmaes, grid, got 'bayes'",
+    ),
     "trainer option without a value": (lambda t: ["--trainer-option", "width"], r"KEY=VALUE"),
     "unknown flag": (lambda t: ["--budgett", "5m"], r"unrecognized arguments"),
     "no concurrent trials": (
         lambda t: ["--concurrent-trials", "0"],
-        r"--concurrent-trials: must be at least 1, got 0",
+        r"--concurrent-trials: must be a whole number >= 1, got 0",
     ),
-    "unknown placement": (lambda t: ["--placement", "scatter"], r"--placement: invalid choice"),
+    "unknown placement": (
+        lambda t: ["--placement", "scatter"],
+        r"--placement: must be one of pack, spread, strict_pack, strict_spread, got 'scatter'",
+    ),
     "unknown placement in a study": (
         lambda t: ["--study", write(t, "s.yaml", "trainer: mlp\nplacement: scatter\n")],
         r"placement must be one of pack, spread, strict_pack, strict_spread, got 'scatter'",

@@ -9,8 +9,8 @@ import pytest
 from rich.console import Console
 
 from autotune import netlab
+from autotune.cluster import RankPlan, rank_plan
 from autotune.errors import ConfigError
-from autotune.launcher import RankPlan, rank_plan
 from autotune.progress import RunView
 
 

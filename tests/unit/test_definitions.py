@@ -23,9 +23,15 @@ def test_builtin_studies_load_and_name_existing_spaces_and_trainers():
         ("trainer: mlp\nbudgett: 5m\n", r"unknown key 'budgett'"),
         ("space: default\n", r"missing required key 'trainer'"),
         ("trainer: mlp\nbudget: soon\n", r"budget: cannot read 'soon'"),
-        ("trainer: mlp\nsampler: bayes\n", r"unknown sampler 'bayes'"),
+        (
+            "trainer: mlp\nsampler: bayes\n",
+            r"mine.yaml: sampler must be one of tpe, gp, random, cmaes, grid, got 'bayes'",
+        ),
         ("trainer: mlp\nbackend: mpi\n", r"backend must be one of"),
-        ("trainer: mlp\nworld_size: 0\n", r"world_size must be a positive integer"),
+        (
+            "trainer: mlp\nworld_size: 0\n",
+            r"mine.yaml: world_size must be a whole number >= 1, got 0",
+        ),
         ("trainer: mlp\nmeasure: {window: 3}\n", r"measure: unknown key 'window'"),
         ("trainer: mlp\nobjective: latency\n", r"objective must be one of"),
         ("trainer: mlp\ndrift_tolerance: 0\n", r"drift_tolerance must be a relative difference"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import re
+import time
 
 import matplotlib.image
 import optuna
@@ -18,7 +19,7 @@ from autotune.config import TrialConfig
 from autotune.knobs import Target
 from autotune.progress import RunView, failure_line, summary_table
 from autotune.space import SearchSpace
-from autotune.tuner import ATTR
+from autotune.study_record import ATTR
 
 DISTS = {
     "bucket_cap_mb": FloatDistribution(1, 200, log=True),
@@ -193,7 +194,7 @@ def test_live_view_draws_budget_bar_counts_and_running_trial():
 def test_live_bar_never_runs_past_the_budget(budget):
     view = RunView(Console(record=True, force_terminal=True), budget_s=budget)
     with view:
-        view.started = 0.0  # as if the budget began long ago
+        view.started = time.monotonic() - 2 * budget  # as if the budget began long ago
         view._progress.get_renderable()
         task = view._progress.tasks[0]
     assert task.completed == budget and task.total == budget
@@ -201,18 +202,18 @@ def test_live_bar_never_runs_past_the_budget(budget):
 
 def test_a_failure_detail_with_brackets_is_printed_as_it_is():
     # gloo's errors carry "[/path/to/pair.cc:537]", which rich would read as a closing tag
-    from autotune.errors import TrialFailed
-    from autotune.tuner import _Loop
+    from autotune.events import Outcome, TrialFinished
 
     out = io.StringIO()
     console = Console(file=out, width=200, force_terminal=False)
     view = RunView(console, budget_s=60, live=False)
-    loop = _Loop.__new__(_Loop)
-    loop.view, loop.started = view, 0.0
-    loop.space = type("S", (), {"defaults": staticmethod(lambda: {})})()
     detail = "rank 1: RuntimeError: [/__w/pytorch/third_party/gloo/transport/tcp/pair.cc:537] reset"
-    trial = type("T", (), {"number": 3, "user_attrs": {}})()
-    loop._report(trial, None, None, params={"comm_hook": "[fp16]"},
-                 failure=TrialFailed("crash", detail))  # fmt: skip
+    view(
+        TrialFinished(
+            tag="trial 3", number=3, outcome=Outcome.FAILED, elapsed_s=5.0,
+            changes={"comm_hook": "[fp16]"}, reason="crash", detail=detail,
+        )
+    )  # fmt: skip
     text = out.getvalue()
     assert detail in text and "comm_hook=[fp16]" in text
+    assert view.counts["failed"] == 1

@@ -1,16 +1,17 @@
-"""How much of the budget the final re-validation may take (pure logic)."""
+"""The budget (pure logic): how much of it the final re-validation may take, whether another
+trial fits, and that asking never changes it."""
 
 from __future__ import annotations
 
 import pytest
 
+from autotune.budget import Budget, validation_plan
 from autotune.studydef import StudyDefinition
-from autotune.tuner import _validation_plan
 
 
 def plan(budget_s, wall_s, top=3, rounds=5):
     d = StudyDefinition(name="t", validate_top=top, validate_rounds=rounds)
-    return _validation_plan(d, budget_s, wall_s)
+    return validation_plan(d, budget_s, wall_s)
 
 
 def test_a_long_budget_gets_every_candidate_and_grows_to_the_most_rounds():
@@ -54,3 +55,39 @@ def test_bad_validation_settings_are_refused():
         StudyDefinition(name="t", validate_rounds=1).check("study definition t")
     with pytest.raises(ConfigError, match="validate_top must be a whole number >= 0"):
         StudyDefinition(name="t", validate_top=-1).check("study definition t")
+
+
+def budget(total_s, top=3, rounds=5):
+    return Budget(StudyDefinition(name="t", budget_s=total_s, validate_top=top,
+                                  validate_rounds=rounds))  # fmt: skip
+
+
+def test_before_any_trial_there_is_room_and_no_plan():
+    b = budget(600)
+    assert b.room_for_another(to_revalidate=True) and b.validation_plan() is None
+
+
+def test_asking_never_changes_the_budget():
+    b = budget(600)
+    b.trial_done(6.0, rerun_wall_s=6.0)
+    answers = [(b.validation_plan(), b.room_for_another(to_revalidate=True)) for _ in range(3)]
+    assert answers == [((3, 8), True)] * 3  # the plan of the (600, 6) case above
+    assert b.validation_plan() == validation_plan(b.d, 600, 6.0)
+
+
+def test_room_for_a_trial_keeps_the_revalidation_when_something_beat_the_baseline():
+    b = budget(180)
+    b.trial_done(6.0, rerun_wall_s=6.0)  # plan (1, 5): 10 runs of 6 s = 60 s to keep
+    b.started -= 180 - 60  # 60 s left
+    assert b.room_for_another(to_revalidate=False)  # nothing to re-validate: 60 s >= 6 s
+    assert not b.room_for_another(to_revalidate=True)  # 60 s < 6 s + 60 s
+    b.started -= 60  # spent
+    assert not b.room_for_another(to_revalidate=False)
+
+
+def test_failed_trials_count_for_the_trial_wall_not_for_the_rerun():
+    b = budget(600)
+    b.trial_done(50.0)  # a failure: no re-validation run of it
+    b.trial_done(6.0, rerun_wall_s=4.0)
+    # median trial wall 28 s; the plan is sized by the re-run wall (4 s): 4 x 10 x 4 <= 200
+    assert b.validation_plan() == validation_plan(b.d, 600, 4.0) == (3, 10)

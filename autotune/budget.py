@@ -1,0 +1,102 @@
+"""The wall-clock budget of one run: time left, whether another trial fits, and the plan of the
+re-validation that must fit in it too.
+
+``Budget`` is told what happened (``start``, ``trial_done``) and asked questions
+(``left_s``, ``room_for_another``, ``validation_plan``); a question never changes it. Trials
+running in several threads tell it under its lock.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+from autotune.studydef import StudyDefinition
+
+__all__ = ["MAX_ROUNDS", "Budget", "validation_plan"]
+
+#: Most interleaved rounds the re-validation grows to when the budget has room for them.
+MAX_ROUNDS = 10
+
+
+def validation_plan(
+    d: StudyDefinition, budget_s: float, run_wall_s: float
+) -> tuple[int, int] | None:
+    """(candidates, rounds) of the re-validation that fit in a third of the budget, given the
+    typical re-validation run's wall time. ``validate_rounds`` is the number of rounds aimed
+    for; when they do not fit, fewer candidates first, then fewer rounds (the interval's width
+    goes with t(n-1)/sqrt(n): 9.0 at 2 rounds, 2.5 at 3, 1.2 at 5 - rounds are worth more than
+    candidates); when there is room left, more rounds, up to ``MAX_ROUNDS``. None when even one
+    candidate over two rounds does not fit in half of the budget."""
+    top, rounds = d.validate_top, d.validate_rounds
+    if top == 0 or d.multi_objective:  # the profile is chosen from the Pareto front instead
+        return None
+    room = budget_s / 3
+    while (top + 1) * rounds * run_wall_s > room and (rounds > 2 or top > 1):
+        if top > 1:
+            top -= 1
+        else:
+            rounds -= 1
+    if (top + 1) * rounds * run_wall_s > budget_s / 2:
+        return None
+    while rounds < MAX_ROUNDS and (top + 1) * (rounds + 1) * run_wall_s <= room:
+        rounds += 1
+    return top, rounds
+
+
+class Budget:
+    """The budget of ``definition`` (``budget_s``), from ``start()`` on."""
+
+    def __init__(self, definition: StudyDefinition) -> None:
+        self.d = definition
+        self.total_s = definition.budget_s
+        self.started = time.monotonic()
+        self._lock = threading.Lock()
+        self._walls: list[float] = []  # wall seconds of each search trial
+        # What a re-validation run of each measured trial would take (its overhead and
+        # min_windows of its windows): re-validation runs are that short.
+        self._rerun_walls: list[float] = []
+
+    def start(self) -> None:
+        """The clock starts now (just before the first trial)."""
+        self.started = time.monotonic()
+
+    def left_s(self) -> float:
+        return self.total_s - (time.monotonic() - self.started)
+
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def trial_done(self, wall_s: float, rerun_wall_s: float | None = None) -> None:
+        """A search trial took ``wall_s``; a re-validation run of it would take
+        ``rerun_wall_s`` (None: it failed, nothing to re-run)."""
+        with self._lock:
+            self._walls.append(wall_s)
+            if rerun_wall_s is not None:
+                self._rerun_walls.append(rerun_wall_s)
+
+    def validation_plan(self) -> tuple[int, int] | None:
+        """(candidates, rounds) of the re-validation at the end of the run; None when no
+        trial has ended yet or re-validation does not fit (``validation_plan``)."""
+        with self._lock:
+            if not self._walls:
+                return None
+            wall = statistics.median(self._walls)
+            run = statistics.median(self._rerun_walls) if self._rerun_walls else wall
+        return validation_plan(self.d, self.total_s, run)
+
+    def room_for_another(self, *, to_revalidate: bool) -> bool:
+        """Whether the budget left holds a typical trial and, when there is something to
+        re-validate (``to_revalidate``), the re-validation after it."""
+        left = self.left_s()
+        if left <= 0:
+            return False
+        with self._lock:
+            if not self._walls:
+                return True
+            wall = statistics.median(self._walls)
+            run = statistics.median(self._rerun_walls) if self._rerun_walls else wall
+        plan = validation_plan(self.d, self.total_s, run)
+        runs = 0 if plan is None or not to_revalidate else (plan[0] + 1) * plan[1]
+        return left >= wall + run * runs

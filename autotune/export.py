@@ -1,0 +1,186 @@
+"""The profile of a study: which configuration it exports, with the evidence, and writing it.
+
+The re-validation's winner when there is one (``validation.revalidate``), else the best COMPLETE
+trial; for ``--objective throughput,memory`` the Pareto member ``PARETO_RULE`` picks; or a trial
+chosen by hand (``autotune export --trial N``). Called by ``tuner.run`` at the end of a run
+(whatever stopped it) and by ``autotune export``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune.config import TrialConfig
+from autotune.durations import format_duration
+from autotune.errors import ConfigError
+from autotune.profile import Profile
+from autotune.study_record import (
+    baseline_trial,
+    complete,
+    counts,
+    is_autotune_study,
+    record,
+    throughput,
+    validation,
+)
+
+__all__ = ["PARETO_RULE", "export_profile", "pareto_choice", "study_profile"]
+
+
+#: How the profile of a throughput-and-memory study is chosen from its Pareto front.
+PARETO_RULE = (
+    "the fastest configuration on the Pareto front that needs no more peak memory per rank "
+    "than the defaults (the fastest on the front when every one needs more)"
+)
+
+
+def pareto_choice(
+    front: list[optuna.trial.FrozenTrial], base: optuna.trial.FrozenTrial | None
+) -> optuna.trial.FrozenTrial:
+    """``PARETO_RULE``: applying the profile then never costs memory when it can be helped."""
+    limit = None if base is None else base.values[1]
+    lean = [t for t in front if limit is None or t.values[1] <= limit]
+    return max(lean or front, key=throughput)
+
+
+def export_profile(
+    study: optuna.Study,
+    path: Path,
+    *,
+    budget_s: float | None = None,
+    note: bool = False,
+    trial: int | None = None,
+) -> Path:
+    """Write ``study``'s profile (``study_profile``) to ``path``; with ``note``, also put it
+    in the study's optuna-dashboard note."""
+    profile = study_profile(study, budget_s=budget_s, trial=trial)
+    saved = profile.save(path)
+    if note:
+        from optuna_dashboard import save_note
+
+        text = profile.to_yaml()
+        save_note(study, f"## Exported profile\n\n`{saved}`\n\n```yaml\n{text}```\n")
+    return saved
+
+
+def study_profile(
+    study: optuna.Study, *, budget_s: float | None = None, trial: int | None = None
+) -> Profile:
+    """The profile of ``study``: the re-validation's winner when there is one, else the best
+    COMPLETE trial (with ``--objective throughput,memory``: chosen from the Pareto front, see
+    ``pareto_choice``), or trial number ``trial``; with the evidence in ``measured``."""
+    if not is_autotune_study(study):
+        raise ConfigError(f"--study-name {study.study_name}: not an autotune study")
+    done = complete(study)
+    if not done:
+        raise ConfigError(
+            f"--study-name {study.study_name}: no COMPLETE trial to export yet; run it first"
+        )
+    base = baseline_trial(study)
+    multi = len(study.directions) > 1
+    front = sorted(study.best_trials, key=throughput) if multi else []
+    best = pareto_choice(front, base) if multi else max(done, key=throughput)
+    if trial is not None:
+        best = next((t for t in done if t.number == trial), None)
+        if best is None:
+            raise ConfigError(
+                f"--trial {trial}: not a COMPLETE trial of {study.study_name}; pick one of "
+                f"{', '.join(str(t.number) for t in done)}"
+            )
+    baseline = throughput(base) if base is not None else None
+    measured: dict[str, Any] = {
+        "baseline_samples_per_s": None if baseline is None else round(baseline, 2),
+        "best_samples_per_s": round(throughput(best), 2),
+        "speedup": None if not baseline else round(throughput(best) / baseline, 3),
+        "interval": best.user_attrs.get("interval"),
+        "trials": counts(study),
+        "budget": None if budget_s is None else format_duration(budget_s),
+        "tuning_s": round(sum(t.user_attrs.get("wall_s", 0.0) for t in study.trials), 1),
+    }
+    if multi:
+        measured["baseline_peak_memory_mb"] = None if base is None else base.values[1]
+        measured["pareto"] = [
+            {
+                "trial": t.number,
+                "samples_per_s": round(t.values[0], 2),
+                "peak_memory_mb": t.values[1],
+                "speedup": None if not baseline else round(t.values[0] / baseline, 3),
+            }
+            for t in front
+        ]
+    checked = None if trial is not None or multi else validation(study)
+    if trial is not None:
+        measured["validation"] = None
+        measured["note"] = f"trial {trial}, chosen by hand (autotune export --trial)"
+    elif multi:
+        measured["validation"] = None
+        measured["note"] = (
+            f"--objective throughput,memory: {PARETO_RULE} ({len(front)} on the front, listed "
+            f"in pareto; `autotune export --trial N` writes another); not re-validated"
+        )
+    elif checked and base is not None:
+        # The choice made from the interleaved re-measurements, not the search's best value
+        # (which is biased upwards: it is the maximum of many noisy measurements).
+        winner = checked["winner"]
+        number = checked["trials"][winner]
+        best = study.trials[number]
+        results = checked["results"]
+        speedup = results[winner]["speedup"]
+        measured.update(
+            best_samples_per_s=results[winner]["throughput"]["median"],
+            baseline_samples_per_s=results["baseline"]["throughput"]["median"],
+            speedup=round(speedup["median"], 3),
+            speedup_interval=[speedup["low"], speedup["high"]],
+            interval=results[winner]["throughput"],
+            validation={
+                "rounds": len(checked["measurements"]["baseline"]),
+                "order": checked["order"],
+                "results": {
+                    k: {
+                        "trial": checked["trials"][k],
+                        "samples_per_s": checked["measurements"][k],
+                        "speedup": [r["speedup"]["low"], r["speedup"]["median"],
+                                    r["speedup"]["high"]],
+                        "beats_baseline": r["beats_baseline"],
+                    }
+                    for k, r in results.items()
+                },
+                "failed": checked.get("failed", {}),
+                "after_trial": checked["after_trial"],
+            },
+        )  # fmt: skip
+        if not checked["beats_baseline"]:
+            measured["note"] = checked["reason"]
+    else:
+        measured["validation"] = None
+        if base is not None and best.number == base.number:
+            measured["note"] = "no trial beat the baseline: keep PyTorch's defaults"
+        else:
+            measured["note"] = (
+                "not re-validated: the speedup is the search's best single trial, biased "
+                "upwards; run with --validate-top 3 for an interval"
+            )
+    rec = record(study)
+    declared = rec["workload"]["global_batch"]
+    if best.user_attrs["config"]["global_batch"] != declared:
+        measured["batch_changed"] = (
+            f"global batch {best.user_attrs['config']['global_batch']} instead of the "
+            f"workload's {declared} (--free-batch): training dynamics change; a learning rate, "
+            f"warm-up or schedule tuned for {declared} may need tuning again"
+        )
+    if "numerics_drift" in best.user_attrs:  # only a study that allows drift exports it
+        measured["numerics_drift"] = best.user_attrs["numerics_drift"]
+    return Profile.from_config(
+        TrialConfig.from_dict(best.user_attrs["config"]),
+        study={
+            "name": study.study_name,
+            "best_trial": best.number,
+            "baseline_trial": None if base is None else base.number,
+        },
+        workload=rec["workload"],
+        hardware=rec["hardware"],
+        measured=measured,
+    )

@@ -1,0 +1,79 @@
+"""One real run of a configuration with the study's workload and measurement settings, on the
+placement group of the calling thread.
+
+``Measurer`` is shared by the objective (search trials, one thread per concurrent trial) and
+re-validation (the main thread, always on the first placement group, so its comparisons never
+mix node differences). Each search thread says which runner it uses (``use``); a thread that
+said nothing uses the first.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import optuna
+
+from autotune.config import MeasureSettings, TrialConfig
+from autotune.launcher import TrialRunner
+from autotune.results import TrialResult
+from autotune.stats import Interval
+from autotune.study_record import baseline_trial
+from autotune.studydef import StudyDefinition
+
+__all__ = ["BASELINE_TIMEOUT_S", "TIMEOUT_FACTOR", "TIMEOUT_FLOOR_S", "Measurer"]
+
+#: Timeout of the baseline trial when none is set (later trials derive theirs from it).
+BASELINE_TIMEOUT_S = 300.0
+#: Floor and multiple of the baseline's wall time for the derived trial timeout.
+TIMEOUT_FLOOR_S = 30.0
+TIMEOUT_FACTOR = 4.0
+
+
+class Measurer:
+    """Measures configurations of ``study``'s workload on ``runners``."""
+
+    def __init__(
+        self, *, study: optuna.Study, runners: list[TrialRunner], definition: StudyDefinition
+    ) -> None:
+        self.study = study
+        self.runners = runners
+        self.d = definition
+        self._local = threading.local()  # the runner of the trial this thread runs
+
+    @property
+    def runner(self) -> TrialRunner:
+        """The runner of the calling thread (the first one when it chose none)."""
+        return getattr(self._local, "runner", self.runners[0])
+
+    def use(self, runner: TrialRunner) -> None:
+        """The calling thread's trials run on ``runner`` from now on."""
+        self._local.runner = runner
+
+    def trial_timeout(self) -> float:
+        """``--trial-timeout``, else 4x the baseline trial's wall time (at least 30 s)."""
+        if self.d.trial_timeout_s is not None:
+            return self.d.trial_timeout_s
+        base = baseline_trial(self.study)
+        if base is None or "wall_s" not in base.user_attrs:
+            return BASELINE_TIMEOUT_S
+        return max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * base.user_attrs["wall_s"])
+
+    def __call__(
+        self,
+        number: int,
+        config: TrialConfig,
+        incumbent: Interval | None = None,
+        measure: MeasureSettings | None = None,
+    ) -> TrialResult:
+        """One real run of ``config`` (trial ``number``); raises ``TrialFailed``."""
+        return self.runner.run(
+            trial=number,
+            trainer=self.d.trainer,
+            trainer_options=dict(self.d.trainer_options),
+            config=config,
+            measure=measure or self.d.measure,
+            seed=self.d.seed or 0,
+            timeout_s=self.trial_timeout(),
+            max_memory_mb=self.d.max_memory_mb,
+            incumbent=incumbent,
+        )

@@ -1,0 +1,193 @@
+"""The objective: what one search trial does, as Optuna calls it.
+
+suggest → configuration → legality → measure → attributes → numerics verdict → value.
+
+Every way a trial ends maps to one Optuna state in ``__call__``, as Optuna's own
+``_optimize._run_trial`` maps exceptions: a measurement returns its value (COMPLETE); a trial
+clearly below the incumbent raises ``TrialPruned`` (PRUNED); a ``TrialFailed`` is recorded
+with its reason and re-raised for ``study.optimize(catch=...)`` (FAIL; the run goes on); a
+failed baseline raises ``BaselineFailed`` and a lost cluster ``ClusterLost`` (both stop the
+run); Ctrl-C is recorded ``interrupted`` and re-raised. Each end is told to the budget and
+emitted as an event.
+
+Called by Optuna from the thread running the trial; one ``Objective`` serves every thread of
+a run (its state is the study's, the budget's, behind their own locks, and ``interrupted``).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any
+
+import optuna
+
+from autotune.budget import Budget
+from autotune.config import TrialConfig
+from autotune.errors import BaselineFailed, ClusterLost, FailureReason, TrialFailed
+from autotune.events import Emit, Outcome, TrialFinished, TrialStarted
+from autotune.knobs import changed_knobs
+from autotune.measure import Measurer
+from autotune.numerics import changes_numerics, drift
+from autotune.results import TrialResult
+from autotune.space import ResolvedSpace
+from autotune.study_record import (
+    DRIVER,
+    baseline_trial,
+    baseline_value,
+    incumbent,
+    measurement_attrs,
+    record_failure,
+    tag,
+)
+from autotune.studydef import StudyDefinition
+
+__all__ = ["Objective", "changes_from_defaults"]
+
+
+def changes_from_defaults(params: dict[str, Any], space: ResolvedSpace) -> dict[str, Any]:
+    """The settings of ``params`` that differ from the space's defaults."""
+    return changed_knobs(params, space.defaults())
+
+
+class Objective:
+    """The objective of one run's study."""
+
+    def __init__(
+        self,
+        *,
+        study: optuna.Study,
+        space: ResolvedSpace,
+        definition: StudyDefinition,
+        measure: Measurer,
+        budget: Budget,
+        emit: Emit,
+        tokens_per_sample: int | None = None,
+    ) -> None:
+        self.study, self.space, self.d = study, space, definition
+        self.measure = measure
+        self.budget = budget
+        self.emit = emit
+        self.tokens_per_sample = tokens_per_sample  # language models: tokens/s recorded too
+        #: Set by the search driver on Ctrl-C: a trial failing now was killed by it.
+        self.interrupted = threading.Event()
+
+    def __call__(self, trial: optuna.Trial) -> float | tuple[float, float]:
+        t0 = time.monotonic()
+        trial.set_user_attr("driver", DRIVER)
+        values = self.space.suggest(trial)
+        config = TrialConfig.from_values(values, self.space.target)
+        trial.set_user_attr("config", config.to_dict())
+        is_baseline = bool(trial.user_attrs.get("baseline"))
+        baseline = baseline_value(self.study)
+        changes = changes_from_defaults(trial.params, self.space)
+        self.emit(TrialStarted(tag=tag(trial), changes=changes))
+        try:
+            illegal = self.space.illegal(values)
+            if illegal:
+                raise TrialFailed(FailureReason.ILLEGAL, illegal)
+            # Pruning compares throughput only: it would cut memory-lean configurations short
+            # in a multi-objective study, and Optuna has no pruning there.
+            prune = not (is_baseline or self.d.multi_objective)
+            result = self.measure(trial.number, config, incumbent(self.study) if prune else None)
+        except KeyboardInterrupt:
+            # Optuna records the trial FAIL and re-raises; the runner has killed its ranks.
+            record_failure(trial, TrialFailed(FailureReason.INTERRUPTED, "Ctrl-C during the trial"))
+            raise
+        except ClusterLost as e:
+            record_failure(trial, TrialFailed(FailureReason.CLUSTER_LOST, str(e)))
+            raise
+        except TrialFailed as e:
+            failure = e
+            if self.interrupted.is_set():  # its ranks were killed by Ctrl-C in another thread
+                failure = TrialFailed(FailureReason.INTERRUPTED, "Ctrl-C during the trial")
+            wall = time.monotonic() - t0
+            trial.set_user_attr("wall_s", round(wall, 3))
+            self.budget.trial_done(wall)
+            self._fail(trial, failure, changes)
+            if is_baseline:
+                raise BaselineFailed(
+                    f"the baseline trial (PyTorch defaults) failed: {failure}; the workload "
+                    f"must run with the defaults before it can be tuned"
+                ) from None
+            raise failure from None
+        # None: another driver's baseline is not measured yet (a shared study's first minutes)
+        speedup = 1.0 if is_baseline else result.throughput / baseline if baseline else None
+        attrs = measurement_attrs(result, speedup, tokens_per_sample=self.tokens_per_sample)
+        drifted = None if is_baseline else self._drift(config, attrs)
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+        if not self.d.multi_objective:  # Optuna takes no intermediate values there
+            for i, w in enumerate(result.windows):
+                trial.report(w, i)  # the dashboard's intermediate values: one per window
+        per_window = result.window_s / len(result.windows)
+        self.budget.trial_done(
+            time.monotonic() - t0, result.overhead_s + self.d.measure.min_windows * per_window
+        )
+        if drifted is not None:  # over pruning too: the more telling verdict
+            self._fail(trial, drifted, changes)
+            raise drifted
+        self._finished(trial, result, speedup, changes)
+        if result.pruned:
+            raise optuna.TrialPruned(
+                f"upper bound {result.interval.high:.1f} below the incumbent's interval"
+            )
+        if self.d.multi_objective:
+            return result.throughput, result.peak_memory_mb
+        return result.throughput
+
+    def _finished(
+        self, trial: optuna.Trial, result: TrialResult, speedup: float | None, changes: dict
+    ) -> None:
+        self.emit(
+            TrialFinished(
+                tag=tag(trial),
+                number=trial.number,
+                outcome=Outcome.PRUNED if result.pruned else Outcome.COMPLETE,
+                elapsed_s=self.budget.elapsed_s(),
+                changes=changes,
+                throughput=result.interval.median,
+                rel_half_width=result.interval.rel_half_width,
+                windows=len(result.windows),
+                speedup=speedup,
+            )
+        )
+
+    def _fail(self, trial: optuna.Trial, failure: TrialFailed, changes: dict) -> None:
+        """Record why ``trial`` fails and say so."""
+        record_failure(trial, failure)
+        self.emit(
+            TrialFinished(
+                tag=tag(trial),
+                number=trial.number,
+                outcome=Outcome.FAILED,
+                elapsed_s=self.budget.elapsed_s(),
+                changes=changes,
+                reason=str(failure.reason),
+                detail=failure.detail,
+            )
+        )
+
+    def _drift(self, config: TrialConfig, attrs: dict[str, Any]) -> TrialFailed | None:
+        """The numerics guard (``autotune.numerics``): record the drift of a configuration that
+        changes numerics in ``attrs``; the failure to record when it is over the tolerance and
+        the study does not allow drift."""
+        changed = changes_numerics(config)
+        base = baseline_trial(self.study)
+        base_curve = None if base is None else base.user_attrs.get("loss_curve")
+        if base is not None and base.user_attrs["config"]["global_batch"] != config.global_batch:
+            base_curve = None  # --free-batch: other samples per step, no like-for-like curve
+        found = drift(attrs["loss_curve"], base_curve) if changed and base_curve else None
+        if found is None:
+            return None
+        value, steps = found
+        attrs["numerics_drift"] = round(value, 5) if math.isfinite(value) else "inf"
+        tol = self.d.drift_tolerance
+        if value <= tol or self.d.allow_drift:
+            return None
+        return TrialFailed(
+            FailureReason.NUMERICS_DRIFT,
+            f"{' '.join(changed)}: the loss of the first {steps} steps differs from the fp32 "
+            f"baseline's by {value:.1%} (tolerance {tol:.0%}); --allow-drift keeps such settings",
+        )

@@ -1,0 +1,162 @@
+"""The search driver: the baseline first, then Optuna's ``study.optimize`` until the budget says
+stop.
+
+With one placement group the search is one ``study.optimize`` call. With several, one thread
+per placement group calls ``study.optimize(n_trials=1)`` in turn; Optuna's storage hands each
+thread its trial, and TPE's constant liar sees the trials in flight. Either way every trial
+keeps Optuna's own life cycle (states, ``catch``, callbacks), and the objective
+(``objective.Objective``) maps its ends to states.
+
+``Search.run`` is called from the main thread. Ctrl-C there kills every running trial's ranks
+(``TrialRunner.abort``), marks the objective ``interrupted`` so those trials are recorded so,
+and re-raises ``KeyboardInterrupt`` to the caller, which exports the best profile so far.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.budget import Budget
+from autotune.errors import TrialFailed
+from autotune.events import BudgetStarted, Emit, Note
+from autotune.launcher import TrialRunner
+from autotune.measure import Measurer
+from autotune.objective import Objective
+from autotune.space import ResolvedSpace
+from autotune.study_record import (
+    baseline_trial,
+    baseline_value,
+    baselines,
+    complete,
+    enqueue_baseline,
+    throughput,
+)
+
+__all__ = ["BASELINE_POLL_S", "Search"]
+
+#: Seconds between looks at a baseline another driver is running.
+BASELINE_POLL_S = 2.0
+
+
+class Search:
+    """Trials of ``study`` on ``runners`` until ``budget`` is spent."""
+
+    def __init__(
+        self,
+        *,
+        study: optuna.Study,
+        space: ResolvedSpace,
+        runners: list[TrialRunner],
+        objective: Objective,
+        measure: Measurer,
+        budget: Budget,
+        emit: Emit,
+    ) -> None:
+        self.study = study
+        self.space = space
+        self.runners = runners
+        self.objective = objective
+        self.measure = measure
+        self.budget = budget
+        self.emit = emit
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        """Search until the budget is spent (or a trial stops the run by raising)."""
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        self.budget.start()
+        self.emit(BudgetStarted(budget_s=self.budget.total_s))
+        if not self._baseline_first():
+            return
+        if len(self.runners) == 1:
+            self.study.optimize(
+                self.objective,
+                timeout=max(self.budget.left_s(), 0.0),
+                catch=(TrialFailed,),
+                callbacks=[self._between_trials],
+            )
+        else:
+            self._concurrently()
+
+    def _one_trial(self) -> None:
+        self.study.optimize(
+            self.objective, n_trials=1, catch=(TrialFailed,), callbacks=[self._between_trials]
+        )
+
+    def _baseline_first(self) -> bool:
+        """Measure the baseline before any other trial: every speedup, the trial timeout and
+        the pruning bar come from it. Where several drivers share the study, the one that
+        takes the enqueued baseline runs it and the others wait for it. False when the budget
+        ran out first."""
+        said = False
+        while baseline_trial(self.study) is None:
+            if self.budget.left_s() <= 0:
+                return False
+            states = [t.state for t in baselines(self.study)]
+            if TrialState.WAITING in states:
+                self._one_trial()  # Optuna takes the enqueued (WAITING) trial first
+            elif TrialState.RUNNING in states:
+                if not said:
+                    self.emit(Note("Waiting for the baseline, run by another driver"))
+                    said = True
+                # a driver that died (kill -9) leaves it RUNNING: Optuna's heartbeat fails it
+                optuna.storages.fail_stale_trials(self.study)
+                time.sleep(BASELINE_POLL_S)
+            else:  # another driver's baseline failed, or was never enqueued: run one here
+                enqueue_baseline(self.study, self.space)
+        return True
+
+    def _room_for_another(self) -> bool:
+        """Whether the budget holds another trial (and, once some trial beat the baseline,
+        the re-validation after it)."""
+        base = baseline_value(self.study)
+        above = base is not None and any(throughput(t) > base for t in complete(self.study))
+        return self.budget.room_for_another(to_revalidate=above)
+
+    def _between_trials(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        """Stop before a trial that the budget left cannot hold; raise ClusterLost before one
+        the cluster has no room for (so no trial is asked for in vain)."""
+        if not self._room_for_another():
+            study.stop()
+            return
+        self.measure.runner.ensure_placed()
+
+    def _concurrently(self) -> None:
+        """One thread per runner, each running one trial after another until the budget or a
+        stop. Ctrl-C kills every running trial's ranks and records them ``interrupted``."""
+        errors: list[BaseException] = []
+
+        def work(runner: TrialRunner) -> None:
+            self.measure.use(runner)
+            try:
+                while not self._stop.is_set() and self._room_for_another():
+                    runner.ensure_placed()
+                    self._one_trial()
+            except BaseException as e:  # ClusterLost, BaselineFailed, a bug: stop them all
+                errors.append(e)
+                self._stop.set()
+
+        threads = [
+            threading.Thread(target=work, args=(r,), name=f"trial-runner-{i}", daemon=True)
+            for i, r in enumerate(self.runners)
+        ]
+        for t in threads:
+            t.start()
+        try:
+            while any(t.is_alive() for t in threads):
+                for t in threads:
+                    t.join(timeout=0.5)
+        except KeyboardInterrupt:
+            self.objective.interrupted.set()
+            self._stop.set()
+            for r in self.runners:
+                r.abort()
+            for t in threads:
+                t.join(timeout=30)
+            raise
+        if errors:
+            raise errors[0]

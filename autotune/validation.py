@@ -1,0 +1,136 @@
+"""Re-validation: the search's best few configurations and the baseline measured again,
+interleaved (A, B, C, A, ...), and the winner chosen from those numbers only
+(``autotune.stats.choose``). The search's best value is biased upwards (the maximum of many
+noisy measurements); these runs are not.
+
+Each run measures ``min_windows`` windows: the comparison's noise is between runs (the machine
+drifts), not between the windows of one run, so short runs in more rounds say more than long
+runs in few. Called from the main thread after the search, on the first placement group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import optuna
+
+from autotune.config import TrialConfig
+from autotune.errors import TrialFailed
+from autotune.events import (
+    Emit,
+    Note,
+    TrialStarted,
+    ValidationDone,
+    ValidationRun,
+    ValidationStarted,
+)
+from autotune.knobs import changed_knobs
+from autotune.measure import Measurer
+from autotune.stats import choose, interleave
+from autotune.study_record import baseline_trial, complete, throughput
+from autotune.studydef import StudyDefinition
+
+__all__ = ["candidates", "revalidate"]
+
+
+def candidates(study: optuna.Study, top: int) -> dict[str, optuna.trial.FrozenTrial]:
+    """The ``top`` fastest COMPLETE trials above the baseline, one per configuration, by key
+    ``trial N``."""
+    base = baseline_trial(study)
+    if base is None:
+        return {}
+    out: dict[str, optuna.trial.FrozenTrial] = {}
+    seen = set()
+    for t in sorted(complete(study), key=lambda t: -throughput(t)):
+        key = tuple(sorted(t.params.items()))
+        if t.number == base.number or key in seen or throughput(t) <= throughput(base):
+            continue
+        seen.add(key)
+        out[f"trial {t.number}"] = t
+        if len(out) == top:
+            break
+    return out
+
+
+def revalidate(
+    *,
+    study: optuna.Study,
+    definition: StudyDefinition,
+    plan: tuple[int, int] | None,
+    measure: Measurer,
+    emit: Emit,
+    defaults: dict[str, Any],
+) -> dict[str, Any] | None:
+    """Measure the best ``plan[0]`` configurations and the baseline again over ``plan[1]``
+    interleaved rounds; store the choice made from those numbers on the study (user attribute
+    ``validation``) and return it. None when there is no plan, nothing above the baseline, or
+    the baseline failed. ``defaults``: the space's defaults, for what each run changes."""
+    base = baseline_trial(study)
+    if plan is None or base is None:
+        return None
+    top, rounds = plan
+    picked = candidates(study, top)
+    if not picked:
+        emit(Note("No trial measured above the baseline: nothing to re-validate"))
+        return None
+    keys = ["baseline", *picked]
+    order = interleave(keys, rounds)
+    m = definition.measure
+    rerun = replace(m, max_windows=m.min_windows)
+    emit(ValidationStarted(candidates=list(picked), rounds=rounds, runs=len(order)))
+    runs: dict[str, list[float]] = {k: [] for k in keys}
+    failed: dict[str, str] = {}
+    timed_s = 0.0  # seconds inside timed windows, for the budget's efficiency
+    trials = {"baseline": base, **picked}
+    for key in order:
+        if key in failed:
+            continue
+        emit(
+            TrialStarted(
+                tag=f"re-validating {key}", changes=changed_knobs(trials[key].params, defaults)
+            )
+        )
+        try:
+            config = TrialConfig.from_dict(trials[key].user_attrs["config"])
+            result = measure(trials[key].number, config, measure=rerun)
+        except TrialFailed as e:
+            failed[key] = f"{e.reason}: {e.detail}"
+            emit(ValidationRun(key=key, failure=failed[key]))
+            if key == "baseline":
+                emit(
+                    ValidationDone(
+                        winner=None, reason="The baseline failed: re-validation abandoned"
+                    )
+                )
+                return None
+            runs.pop(key)
+            continue
+        runs[key].append(result.throughput)
+        timed_s += result.window_s
+        ci = result.interval
+        emit(ValidationRun(key=key, throughput=ci.median, rel_half_width=ci.rel_half_width))
+    if len(runs) < 2:
+        emit(ValidationDone(winner=None, reason="Every candidate failed: nothing to re-validate"))
+        return None
+    v = choose(runs, "baseline")
+    record = {
+        **v.to_dict(),
+        "trials": {k: trials[k].number for k in runs},
+        "order": order,
+        "measurements": {k: [round(x, 2) for x in xs] for k, xs in runs.items()},
+        "failed": failed,
+        "timed_s": round(timed_s, 3),
+        "after_trial": max(t.number for t in study.get_trials(deepcopy=False)),
+    }
+    study.set_user_attr("validation", record)
+    sp = v.speedup
+    emit(
+        ValidationDone(
+            winner=v.winner,
+            beats_baseline=v.beats_baseline,
+            speedup=(sp.low, sp.median, sp.high),
+            reason=v.reason,
+        )
+    )
+    return record

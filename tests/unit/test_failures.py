@@ -1,0 +1,131 @@
+"""The failure classifiers on captured error texts (gloo, Ray, CUDA), wrapped in Ray's own
+exception classes as the driver receives them, and the reasons the sampler learns from."""
+
+from __future__ import annotations
+
+import pytest
+import ray.exceptions as rex
+
+from autotune.errors import FailureReason, TrialFailed
+from autotune.failures import classify, death_line, first_line, gone_away, learned_reasons
+from autotune.rank import MemoryLimitExceeded, NonFiniteLoss
+
+#: What a surviving gloo rank raised when its peer's node was killed (seen in the node-loss
+#: tests; the path is the one in torch's wheel).
+GLOO_PEER_CLOSED = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] "
+    "Connection closed by peer [10.213.0.2]:41937"
+)
+GLOO_RESET = (
+    "[../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection reset by peer "
+    "[127.0.0.1]:29500"
+)
+#: Ray's message for an actor whose worker process was SIGKILLed.
+RAY_PROCESS_DIED = (
+    "The actor died unexpectedly before finishing this task.\n"
+    "\tclass_name: RankActor\n"
+    "\tactor_id: 5b1a4d2f9e0c7a6b3c8d1e2f01000000\n"
+    "\tpid: 41211\n"
+    "\tnamespace: 2f0c9b3e-7f5d-4f0e-9a61-1d6e2c1b5a10\n"
+    "\tip: 127.0.0.1\n"
+    "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR "
+    "Worker exit detail: Worker unexpectedly exits with a connection error code 2. End of file."
+)
+#: Ray's message for an actor on a node that left the cluster.
+RAY_NODE_DIED = (
+    "The actor died unexpectedly before finishing this task.\n"
+    "\tclass_name: RankActor\n"
+    "\tactor_id: 9e0c7a6b3c8d1e2f5b1a4d2f01000000\n"
+    "\tip: 10.213.0.2\n"
+    "The actor is dead because its node has died. Node Id: "
+    "3f2a1c9d8e7b6a5f4e3d2c1b0a9f8e7d6c5b4a3f2e1d0c9b8a7f6e5d"
+)
+#: torch's CUDA out-of-memory message (torch.OutOfMemoryError).
+CUDA_OOM = (
+    "CUDA out of memory. Tried to allocate 8.00 GiB. GPU 0 has a total capacity of 79.19 GiB "
+    "of which 3.12 GiB is free. Of the allocated memory 74.50 GiB is allocated by PyTorch"
+)
+TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "/x/rank.py", line 210, in _run_rank\n'
+    "    loss = wl.loss(ddp(x), y) / accum\n"
+    "    ^^^^^^^^^^^^^^\n"
+    "RuntimeError: mat1 and mat2 shapes cannot be multiplied (16x30 and 32x8)\n"
+)
+
+
+def task_error(cause: BaseException) -> rex.RayTaskError:
+    """What ``ray.get`` raises when the rank's method raised ``cause``."""
+    try:
+        raise cause
+    except BaseException as c:
+        return rex.RayTaskError("RankActor.run", TRACEBACK, c).as_instanceof_cause()
+
+
+class OutOfMemoryError(RuntimeError):
+    """Stands for torch.OutOfMemoryError: the classifier reads the type's name."""
+
+
+@pytest.mark.parametrize(
+    ("err", "reason", "detail"),
+    [
+        (rex.RayActorError(error_msg=RAY_PROCESS_DIED), "crash",
+         "rank 1: its process died (The actor is dead because its worker process has died."),
+        (rex.RayActorError(error_msg=RAY_NODE_DIED), "node_lost",
+         "rank 1: its node was lost (The actor is dead because its node has died."),
+        (task_error(RuntimeError(GLOO_PEER_CLOSED)), "crash",
+         f"rank 1: RuntimeError: {GLOO_PEER_CLOSED}"),
+        (task_error(NonFiniteLoss("loss is nan after 3 warm-up steps")), "nan",
+         "rank 1: loss is nan after 3 warm-up steps"),
+        (task_error(OutOfMemoryError(CUDA_OOM)), "oom",
+         "rank 1: OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB."),
+        (task_error(MemoryLimitExceeded("peak host memory 900 MiB is over --max-memory 512 MiB")),
+         "oom", "rank 1: MemoryLimitExceeded: peak host memory 900 MiB"),
+        (task_error(ValueError("trainer option width must be positive")), "crash",
+         "rank 1: ValueError: trainer option width must be positive"),
+    ],
+)  # fmt: skip
+def test_each_captured_error_gets_its_reason_and_first_line(err, reason, detail):
+    f = classify(1, err)
+    assert isinstance(f, TrialFailed) and f.reason == FailureReason(reason)
+    assert f.detail.startswith(detail), f.detail
+
+
+def test_a_peer_that_went_away_is_told_from_a_ranks_own_error():
+    # the lost-node diagnosis only asks the cluster when every error is of this kind
+    assert gone_away(classify(0, task_error(RuntimeError(GLOO_PEER_CLOSED))))
+    assert gone_away(classify(0, task_error(RuntimeError(GLOO_RESET))))
+    assert gone_away(classify(0, rex.RayActorError(error_msg=RAY_PROCESS_DIED)))
+    assert not gone_away(classify(0, task_error(ValueError("bad shape"))))
+    assert not gone_away(classify(0, task_error(OutOfMemoryError(CUDA_OOM))))
+
+
+def test_first_line_skips_traceback_noise_and_is_bounded():
+    assert first_line(TRACEBACK) == "loss = wl.loss(ddp(x), y) / accum"
+    assert first_line("\n\nray::RankActor.run()\nValueError: x") == "ValueError: x"
+    assert len(first_line("y" * 1000)) == 300
+
+
+def test_death_line_is_the_reason_after_rays_indented_details():
+    assert death_line(RAY_NODE_DIED).startswith("The actor is dead because its node has died.")
+    assert death_line("only one line") == "only one line"
+
+
+def test_the_sampler_learns_from_configuration_failures_only():
+    learned = {r for r in FailureReason if r.learned}
+    assert learned == {
+        FailureReason.CRASH, FailureReason.TIMEOUT, FailureReason.OOM, FailureReason.NAN,
+        FailureReason.ILLEGAL, FailureReason.NUMERICS_DRIFT,
+    }  # fmt: skip
+    assert learned_reasons() == {r.value for r in learned}
+    for outside in ("node_lost", "interrupted", "cluster_lost"):
+        assert not FailureReason(outside).learned
+
+
+def test_a_reason_is_stored_and_printed_as_its_tag():
+    f = TrialFailed("timeout", "no result after 30s from rank(s) [1]")
+    assert f.reason is FailureReason.TIMEOUT and f.reason == "timeout"
+    assert str(f) == "timeout: no result after 30s from rank(s) [1]"
+    assert f"{f.reason}" == "timeout"
+    with pytest.raises(ValueError):
+        TrialFailed("exploded")  # no reason outside the enum
