@@ -11,14 +11,24 @@ API does the job. ``pyproject.toml`` bounds both packages from above, and
   or the cluster recorded by ``ray start`` on this machine). Ray has no public call for it, and
   ``ray.init`` itself retries for minutes when nothing answers there; autotune asks first, to
   fail in seconds with a one-line error.
+* ``loopback_node_ip()``: while a local Ray instance starts, its node IP is 127.0.0.1, so that
+  Ray's servers (GCS, raylet, object manager, every worker's and the driver's gRPC server, its
+  agents) listen on loopback only: Ray binds its gRPC servers to 127.0.0.1 exactly when the
+  node IP is 127.0.0.1, else to every interface. No public option sets it: ``ray.init``'s
+  ``_node_ip_address`` is private too and maps 127.0.0.1 back to the machine's outward address
+  (``resolve_ip_for_localhost``); Ray keeps loopback only where
+  ``ray_constants.ENABLE_RAY_CLUSTER`` is false (its default on macOS and Windows), which its
+  public variable ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` sets only when present before Ray is
+  first imported. The flag is set for the duration of ``ray.init`` and restored after it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container
+import contextlib
+from collections.abc import Container, Iterator
 from typing import Any
 
-__all__ = ["STUDY_TRIALS_METHOD", "bootstrap_address", "call_study_trials"]
+__all__ = ["STUDY_TRIALS_METHOD", "bootstrap_address", "call_study_trials", "loopback_node_ip"]
 
 #: The private method through which Optuna's samplers read a study's trials.
 STUDY_TRIALS_METHOD = "_get_trials"
@@ -42,3 +52,17 @@ def bootstrap_address(address: str) -> str | None:
         return services.canonicalize_bootstrap_address(address) or None
     except Exception:
         return None
+
+
+@contextlib.contextmanager
+def loopback_node_ip() -> Iterator[None]:
+    """While it lasts, Ray takes 127.0.0.1 as this node's IP (``ray.init(address="local")``
+    started inside it listens on loopback only)."""
+    import ray._private.ray_constants as ray_constants
+
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before

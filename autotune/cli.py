@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from autotune import cli_study, cli_tools, settings
 from autotune.cli_study import default_run_dir
-from autotune.errors import AutotuneError, BaselineFailed, ConfigError
+from autotune.errors import AutotuneError, BaselineFailed, ConfigError, Terminated
+from autotune.storage import display_url
 from autotune.studydef import StudyDefinition
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "Parser", "build_parser", "default_run_dir", "main"]
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
 
 
 class Parser(argparse.ArgumentParser):
@@ -110,15 +113,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         address=args.address,
         profile_path=args.profile,
     )
-    with RunView(console, budget_s=d.budget_s) as view:
-        summary = run(req, emit=view)
-    _print_summary(console, summary)
+    # SIGTERM (SLURM preemption, `timeout`, `docker stop`) stops the run like Ctrl-C does.
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        with RunView(console, budget_s=d.budget_s) as view:
+            summary = run(req, emit=view)
+        _print_summary(console, summary)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if summary.interrupted:
-        return EXIT_INTERRUPTED
+        return EXIT_TERMINATED if summary.terminated else EXIT_INTERRUPTED
     if summary.stopped:
         print(f"autotune: stopped early: {summary.stopped}", file=sys.stderr)
         return 1
     return 0
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated()
 
 
 def _exported_line(path: Path) -> str:
@@ -158,10 +170,10 @@ def _print_summary(console: Any, summary: Any) -> None:
         )
     if summary.profile_path:
         say(f"Exported   {_exported_line(summary.profile_path)}")
-    say(f"Storage    {summary.storage_url}")
+    say(f"Storage    {display_url(summary.storage_url)}")
     if summary.profile_path:
         say(f"Profile    {summary.profile_path}")
-    say(f"Dashboard  optuna-dashboard {summary.storage_url}")
+    say(f"Dashboard  optuna-dashboard {display_url(summary.storage_url)}")
     say(f"Report     autotune report --study-name {summary.study_name}")
 
 
@@ -175,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     except BaselineFailed as e:
         print(f"autotune: {e}", file=sys.stderr)
         return 1
+    except Terminated:
+        print("autotune: terminated (SIGTERM)", file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         print("autotune: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -19,13 +19,15 @@ __all__ = ["add_commands"]
 
 def add_commands(sub: Any) -> None:
     """The tool commands, on the ``autotune`` parser's subcommands ``sub``."""
-    v = sub.add_parser("env", help="print a profile's environment as shell export lines")
+    v = sub.add_parser(
+        "env", help="print a profile's environment as shell export lines (quoted, for eval)"
+    )
     v.add_argument("profile", type=Path)
     v.set_defaults(action=cmd_env)
 
     la = sub.add_parser(
         "launch",
-        help="run a command with a profile's environment applied",
+        help="become a command (exec) with a profile's environment applied",
         usage="autotune launch PROFILE -- COMMAND [ARGS...]",
     )
     la.add_argument("profile", type=Path)
@@ -67,18 +69,18 @@ def _command(words: list[str]) -> list[str]:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    import shlex
+    """The profile's environment (only ``profile.ALLOWED_ENV``'s variables, checked at load) as
+    ``export`` lines whose names and values are quoted: ``eval`` runs nothing else."""
+    from autotune.profile import Profile, shell_exports
 
-    from autotune.profile import Profile
-
-    profile = Profile.load(args.profile)
-    for key, value in profile.env.items():
-        print(f"export {key}={shlex.quote(value)}")
+    sys.stdout.write(shell_exports(Profile.load(args.profile).env))
     return 0
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    import subprocess
+    """Replace this process with the command (exec), the profile's environment applied, so that
+    Ctrl-C and SIGTERM reach the command itself (torchrun then stops its own workers)."""
+    import shutil
 
     from autotune.profile import Profile
 
@@ -86,12 +88,20 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if not cmd:
         raise ConfigError("autotune launch: no command; write autotune launch PROFILE -- CMD ...")
     profile = Profile.load(args.profile)
+    env = {**os.environ, **profile.env}
+    if shutil.which(cmd[0], path=env.get("PATH", os.defpath)) is None:
+        raise ConfigError(
+            f"autotune launch: no such command {cmd[0]!r} (not an executable file, nor on PATH)"
+        )
     for diff in profile.hardware_differences():
         print(f"autotune: warning: measured on other hardware: {diff}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
     try:
-        return subprocess.call(cmd, env={**os.environ, **profile.env})
-    except FileNotFoundError:
-        raise ConfigError(f"autotune launch: no such command {cmd[0]!r}") from None
+        os.execvpe(cmd[0], cmd, env)
+    except OSError as e:
+        raise ConfigError(f"autotune launch: cannot run {cmd[0]!r}: {e.strerror}") from None
+    return 0  # not reached: exec replaced this process
 
 
 def cmd_lab(args: argparse.Namespace) -> int:

@@ -3,7 +3,9 @@ ranks sit on its nodes.
 
 * ``connect(address)`` starts a local Ray instance (``address=None``) or joins an existing
   cluster (``auto`` or ``HOST:PORT``), failing in seconds with a one-line error when nothing
-  answers there.
+  answers there. A local instance's node IP is 127.0.0.1: all its servers listen on loopback
+  only (``_compat.loopback_node_ip``), and so do the ranks' rendezvous and gloo (``pool``). A
+  cluster's nodes keep the address they were started with.
 * ``plan_ranks`` reads the alive nodes' resources and says how many CPUs each rank's bundle
   reserves and how many trials fit at once (``rank_plan`` is the same over given resources:
   pure, unit-tested on many cluster shapes).
@@ -11,6 +13,7 @@ ranks sit on its nodes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -18,7 +21,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from autotune._compat import bootstrap_address
+from autotune._compat import bootstrap_address, loopback_node_ip
 from autotune.errors import ConfigError
 
 __all__ = ["RankPlan", "RayConnection", "connect", "plan_ranks", "rank_plan"]
@@ -90,8 +93,10 @@ def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayC
         kwargs["include_dashboard"] = False
     try:
         # "local": always a new instance, even where RAY_ADDRESS or a `ray start` cluster
-        # exists (Ray would join those on address=None); --address is how to join one.
-        ray.init(address=address or "local", **kwargs)
+        # exists (Ray would join those on address=None); --address is how to join one. Its
+        # node IP is 127.0.0.1, so nothing of it listens beyond loopback.
+        with loopback_node_ip() if address is None else contextlib.nullcontext():
+            ray.init(address=address or "local", **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(

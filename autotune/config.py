@@ -93,7 +93,16 @@ class TrialConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TrialConfig:
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "configuration") -> TrialConfig:
+        """The configuration a trial stored (``to_dict``); a mapping with other keys (a study
+        from someone else's database) is a ConfigError naming ``where``."""
+        names = {f.name for f in fields(cls)}
+        if not isinstance(data, Mapping) or set(data) != names:
+            got = sorted(data) if isinstance(data, Mapping) else type(data).__name__
+            raise ConfigError(
+                f"{where}: not an autotune trial configuration (expected keys "
+                f"{', '.join(sorted(names))}; got {got})"
+            )
         return cls(**dict(data))
 
 

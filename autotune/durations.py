@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from autotune.errors import ConfigError
@@ -24,8 +25,8 @@ def parse_duration(text: str | int | float, *, what: str = "--budget") -> float:
     else:
         s = str(text).strip().lower().replace(" ", "")
         seconds = _parse_text(s, what)
-    if not seconds > 0:
-        raise ConfigError(f"{what}: a duration must be positive, got {text!r}")
+    if not seconds > 0 or not math.isfinite(seconds):
+        raise ConfigError(f"{what}: a duration must be positive and finite, got {text!r}")
     return seconds
 
 
@@ -33,10 +34,8 @@ def _parse_text(s: str, what: str) -> float:
     hint = f"{what}: cannot read {s!r} as a duration; write it like 90s, 10m, 2h or 1h30m"
     if not s:
         raise ConfigError(hint)
-    try:
+    if re.fullmatch(r"\d+(\.\d+)?", s):  # a bare number of seconds (not inf, nan, 1e999)
         return float(s)
-    except ValueError:
-        pass
     pos, total, seen = 0, 0.0, ""
     for m in _PART.finditer(s):
         if m.start() != pos:
@@ -86,6 +85,6 @@ def parse_size_mb(text: str | int | float, *, what: str = "--max-memory") -> flo
         else:
             base = 1024 if suffix.startswith("i") or suffix == "" else 1000
             mb = number * base ** _SIZE_EXP[prefix] / 2**20
-    if not mb > 0:
-        raise ConfigError(f"{what}: a size must be positive, got {text!r}")
+    if not mb > 0 or not math.isfinite(mb):
+        raise ConfigError(f"{what}: a size must be positive and finite, got {text!r}")
     return mb

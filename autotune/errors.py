@@ -17,6 +17,7 @@ __all__ = [
     "ClusterLost",
     "ConfigError",
     "FailureReason",
+    "Terminated",
     "TrialFailed",
 ]
 
@@ -93,3 +94,8 @@ class BaselineFailed(AutotuneError):
 
 class ClusterLost(AutotuneError):
     """The Ray cluster no longer has room for one trial's ranks (a node was lost)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's preemption, ``timeout``, ``docker stop``): handled like Ctrl-C -
+    the running trial is recorded ``interrupted`` and the best profile so far exported."""

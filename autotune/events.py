@@ -3,7 +3,7 @@
 The tuning loop (``search``, ``objective``, ``validation``, ``tuner``) never prints. It calls an
 ``Emit`` (any callable taking an event) with one of the dataclasses below. The live display
 and the plain log (``progress.RunView``) are subscribers; so are tests, which collect events in
-a list. ``fan_out`` sends each event to several subscribers.
+a list.
 
 Events may be emitted from any thread (concurrent trials run in threads of their own): a
 subscriber that keeps state must be safe to call from several threads, and must not raise.
@@ -13,7 +13,7 @@ Text carried by events is plain text, never markup: a gloo error such as
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -30,7 +30,6 @@ __all__ = [
     "ValidationDone",
     "ValidationRun",
     "ValidationStarted",
-    "fan_out",
     "ignore",
 ]
 
@@ -149,19 +148,8 @@ Event = (
     | ValidationDone
 )
 #: A subscriber: called with each event.
-Emit = Callable[[Any], None]
+Emit = Callable[[Event], None]
 
 
 def ignore(event: Any) -> None:
     """The subscriber that shows nothing."""
-
-
-def fan_out(subscribers: Iterable[Emit | None]) -> Emit:
-    """One ``Emit`` that sends each event to every subscriber given (None ones skipped)."""
-    subs = [s for s in subscribers if s is not None]
-
-    def emit(event: Any) -> None:
-        for s in subs:
-            s(event)
-
-    return emit

@@ -71,7 +71,23 @@ def study_profile(
 ) -> Profile:
     """The profile of ``study``: the re-validation's winner when there is one, else the best
     COMPLETE trial (with ``--objective throughput,memory``: chosen from the Pareto front, see
-    ``pareto_choice``), or trial number ``trial``; with the evidence in ``measured``."""
+    ``pareto_choice``), or trial number ``trial``; with the evidence in ``measured``.
+
+    The study may come from someone else's database: records that are not what autotune
+    writes are a ConfigError naming the study, never a traceback (and the profile itself is
+    checked by ``Profile``'s strict rules, its env by the allowlist)."""
+    try:
+        return _study_profile(study, budget_s=budget_s, trial=trial)
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(
+            f"study {study.study_name!r}: its records are not what autotune writes "
+            f"({type(e).__name__}: {e}); export another study or trial"
+        ) from None
+
+
+def _study_profile(study: optuna.Study, *, budget_s: float | None, trial: int | None) -> Profile:
     if not is_autotune_study(study):
         raise ConfigError(f"--study-name {study.study_name}: not an autotune study")
     done = complete(study)
@@ -164,17 +180,22 @@ def study_profile(
                 "upwards; run with --validate-top 3 for an interval"
             )
     rec = record(study)
-    declared = rec["workload"]["global_batch"]
-    if best.user_attrs["config"]["global_batch"] != declared:
+    where = f"study {study.study_name!r} trial {best.number}"
+    config = TrialConfig.from_dict(best.user_attrs.get("config"), where=where)
+    if not isinstance(rec.get("workload"), dict) or not isinstance(rec.get("hardware"), dict):
+        raise ConfigError(f"study {study.study_name!r}: its autotune record lacks workload or "
+                          f"hardware; not a study autotune wrote")  # fmt: skip
+    declared = rec["workload"].get("global_batch")
+    if config.global_batch != declared:
         measured["batch_changed"] = (
-            f"global batch {best.user_attrs['config']['global_batch']} instead of the "
+            f"global batch {config.global_batch} instead of the "
             f"workload's {declared} (--free-batch): training dynamics change; a learning rate, "
             f"warm-up or schedule tuned for {declared} may need tuning again"
         )
     if "numerics_drift" in best.user_attrs:  # only a study that allows drift exports it
         measured["numerics_drift"] = best.user_attrs["numerics_drift"]
     return Profile.from_config(
-        TrialConfig.from_dict(best.user_attrs["config"]),
+        config,
         study={
             "name": study.study_name,
             "best_trial": best.number,

@@ -211,7 +211,8 @@ class Knob:
 
 
 def _positive_number(v: Any) -> str | None:
-    return None if _number(v) and v > 0 else "must be a positive number"
+    ok = _number(v) and 0 < v < float("inf")
+    return None if ok else "must be a positive finite number"
 
 
 def _workers_on(v: Any, t: Target) -> bool:

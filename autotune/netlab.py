@@ -19,6 +19,13 @@ ones it ever uses. A failure at any step tears down everything built so far.
 ``autotune lab exec -- CMD`` runs CMD in the head's namespace with the cluster's address in
 ``RAY_ADDRESS`` (``autotune run --address auto`` joins it); ``autotune lab down`` kills every
 process in the lab's namespaces and deletes them, also after a crash half-way through ``up``.
+
+The lab keeps its record and Ray's session files in ``/tmp/atlab`` (``TEMP_DIR``), which it
+creates with mode 0700 and trusts only as that: a directory of the user running the lab (root),
+mode 0700, not a symlink (``check_state_dir``). Anything else there may have been put there by
+someone else, to be read as the lab's record or written through: ``lab up``, ``status`` and
+``exec`` refuse it in one line, ``lab down`` leaves it alone. Ray makes its own temp dir
+world-writable, so it lives inside (``RAY_TEMP_DIR``).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -37,16 +45,19 @@ from pathlib import Path
 
 from autotune.errors import AutotuneError, ConfigError
 
-__all__ = ["Lab", "LabError", "down", "exec_in", "status", "up"]
+__all__ = ["Lab", "LabError", "check_state_dir", "down", "exec_in", "status", "up"]
 
 PREFIX = "atlab"
 HUB = f"{PREFIX}-hub"
 IFNAME = "lab"
 SUBNET = "10.213.0"
 RAY_PORT = 6379
-#: Ray's session files (short: Ray's socket paths are length-limited) and the lab's record.
+#: The lab's private directory (mode 0700): its record and Ray's session files (short: Ray's
+#: socket paths are length-limited).
 TEMP_DIR = Path("/tmp") / PREFIX
 RECORD = TEMP_DIR / "lab.json"
+#: Ray's temp dir, which Ray makes world-writable: inside the private one, out of others' reach.
+RAY_TEMP_DIR = TEMP_DIR / "ray"
 MAX_NODES = 16
 #: tbf's queue: burst and latency as measured in the design notes.
 TBF = ("burst", "256kb", "latency", "50ms")
@@ -107,6 +118,36 @@ def parse_rate(rate: str) -> str:
     return rate.strip().lower()
 
 
+def check_state_dir(path: Path | None = None, *, create: bool = False) -> bool:
+    """Whether the lab's private directory ``path`` (default ``TEMP_DIR``) exists; with
+    ``create``, it is made (mode 0700) where missing. Raises ConfigError where something else is
+    there: a symlink, not a directory, another user's, or open to others."""
+    path = path or TEMP_DIR
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+            os.chmod(path, 0o700)  # whatever the umask
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    why = None
+    if stat.S_ISLNK(st.st_mode):
+        why = "is a symlink"
+    elif not stat.S_ISDIR(st.st_mode):
+        why = "is not a directory"
+    elif st.st_uid != os.geteuid():
+        why = f"belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})"
+    elif stat.S_IMODE(st.st_mode) != 0o700:
+        why = f"has mode {stat.S_IMODE(st.st_mode):04o}, not 0700"
+    if why:
+        raise ConfigError(
+            f"autotune lab: {path} {why}, so it is not the lab's private directory; remove it "
+            f"(rm -r {path}) if nothing of yours is in it, then try again"
+        )
+    return True
+
+
 def namespaces() -> list[str]:
     """The lab's namespaces that exist now (after a crash, possibly only some)."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
@@ -163,7 +204,7 @@ def _start_ray(lab: Lab) -> None:
     for i in range(lab.nodes):
         if i == 0:
             args = ["--head", "--port", str(RAY_PORT), "--include-dashboard=false",
-                    "--temp-dir", str(TEMP_DIR)]  # fmt: skip
+                    "--temp-dir", str(RAY_TEMP_DIR)]  # fmt: skip
         else:
             args = ["--address", lab.address]
         _sh(*_in_ns(node_ns(i), _ray(), "start", "--node-ip-address", node_ip(i), *args,
@@ -216,8 +257,8 @@ def up(*, nodes: int = 2, rate: str = "1gbit", cpus_per_node: int | None = None)
             f"run `autotune lab down` first"
         )
     lab = Lab(nodes=nodes, rate=rate, cpus_per_node=cpus)
+    check_state_dir(create=True)
     try:
-        TEMP_DIR.mkdir(parents=True, exist_ok=True)
         _build_network(lab)
         _start_ray(lab)
         _wait_joined(lab)
@@ -253,12 +294,16 @@ def down() -> list[str]:
         _kill_ns_processes(ns)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         gone.append(ns)
-    shutil.rmtree(TEMP_DIR, ignore_errors=True)
+    with contextlib.suppress(ConfigError):  # not the lab's: left alone (`up` says so)
+        if check_state_dir():
+            shutil.rmtree(TEMP_DIR, ignore_errors=True)
     return gone
 
 
 def current() -> Lab | None:
     """The lab that is up, from its record; None when there is none (or only debris)."""
+    if not check_state_dir():
+        return None
     try:
         return Lab(**json.loads(RECORD.read_text()))
     except (OSError, ValueError, TypeError):

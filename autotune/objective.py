@@ -7,8 +7,9 @@ Every way a trial ends maps to one Optuna state in ``__call__``, as Optuna's own
 clearly below the incumbent raises ``TrialPruned`` (PRUNED); a ``TrialFailed`` is recorded
 with its reason and re-raised for ``study.optimize(catch=...)`` (FAIL; the run goes on); a
 failed baseline raises ``BaselineFailed`` and a lost cluster ``ClusterLost`` (both stop the
-run); Ctrl-C is recorded ``interrupted`` and re-raised. Each end is told to the budget and
-emitted as an event.
+run); Ctrl-C or SIGTERM is recorded ``interrupted`` and re-raised. Each measured or failed
+trial is told to the budget and emitted as an event (Ctrl-C and a lost cluster stop the run
+instead, and the caller says so).
 
 Called by Optuna from the thread running the trial; one ``Objective`` serves every thread of
 a run (its state is the study's, the budget's, behind their own locks, and ``interrupted``).
@@ -25,7 +26,7 @@ import optuna
 
 from autotune.budget import Budget
 from autotune.config import TrialConfig
-from autotune.errors import BaselineFailed, ClusterLost, FailureReason, TrialFailed
+from autotune.errors import BaselineFailed, ClusterLost, FailureReason, Terminated, TrialFailed
 from autotune.events import Emit, Outcome, TrialFinished, TrialStarted
 from autotune.knobs import changed_knobs
 from autotune.measure import Measurer
@@ -43,12 +44,7 @@ from autotune.study_record import (
 )
 from autotune.studydef import StudyDefinition
 
-__all__ = ["Objective", "changes_from_defaults"]
-
-
-def changes_from_defaults(params: dict[str, Any], space: ResolvedSpace) -> dict[str, Any]:
-    """The settings of ``params`` that differ from the space's defaults."""
-    return changed_knobs(params, space.defaults())
+__all__ = ["Objective"]
 
 
 class Objective:
@@ -70,8 +66,10 @@ class Objective:
         self.budget = budget
         self.emit = emit
         self.tokens_per_sample = tokens_per_sample  # language models: tokens/s recorded too
-        #: Set by the search driver on Ctrl-C: a trial failing now was killed by it.
+        #: Set by the search driver on Ctrl-C or SIGTERM: a trial failing now was killed by it.
         self.interrupted = threading.Event()
+        #: What interrupted the run, for the trials it killed.
+        self.interrupted_by = "Ctrl-C"
 
     def __call__(self, trial: optuna.Trial) -> float | tuple[float, float]:
         t0 = time.monotonic()
@@ -81,7 +79,7 @@ class Objective:
         trial.set_user_attr("config", config.to_dict())
         is_baseline = bool(trial.user_attrs.get("baseline"))
         baseline = baseline_value(self.study)
-        changes = changes_from_defaults(trial.params, self.space)
+        changes = changed_knobs(trial.params, self.space.defaults())
         self.emit(TrialStarted(tag=tag(trial), changes=changes))
         try:
             illegal = self.space.illegal(values)
@@ -91,9 +89,10 @@ class Objective:
             # in a multi-objective study, and Optuna has no pruning there.
             prune = not (is_baseline or self.d.multi_objective)
             result = self.measure(trial.number, config, incumbent(self.study) if prune else None)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             # Optuna records the trial FAIL and re-raises; the runner has killed its ranks.
-            record_failure(trial, TrialFailed(FailureReason.INTERRUPTED, "Ctrl-C during the trial"))
+            by = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
+            record_failure(trial, TrialFailed(FailureReason.INTERRUPTED, f"{by} during the trial"))
             raise
         except ClusterLost as e:
             record_failure(trial, TrialFailed(FailureReason.CLUSTER_LOST, str(e)))
@@ -101,7 +100,9 @@ class Objective:
         except TrialFailed as e:
             failure = e
             if self.interrupted.is_set():  # its ranks were killed by Ctrl-C in another thread
-                failure = TrialFailed(FailureReason.INTERRUPTED, "Ctrl-C during the trial")
+                failure = TrialFailed(
+                    FailureReason.INTERRUPTED, f"{self.interrupted_by} during the trial"
+                )
             wall = time.monotonic() - t0
             trial.set_user_attr("wall_s", round(wall, 3))
             self.budget.trial_done(wall)

@@ -10,10 +10,17 @@ exists, and NCCL, which reads its variables once per process, sees them.
 
 ``RankPool`` is used by one ``launcher.TrialRunner`` from the thread running its trial;
 ``drop`` may also be called from another thread (Ctrl-C) to kill the ranks of a running trial.
+
+Where the ranks listen: rank 0's store on its node's address as Ray knows it (``node_ip``), and
+nowhere else. On a local instance that address is 127.0.0.1, and the ranks also get
+``GLOO_SOCKET_IFNAME=lo`` and ``NCCL_SOCKET_IFNAME=lo`` (``LOOPBACK_ENV``), so gloo and NCCL
+listen on loopback too; on a cluster they use what the node's ``ray start`` environment says
+(the network lab: ``GLOO_SOCKET_IFNAME=lab``), else gloo the address its hostname resolves to.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import socket
@@ -22,14 +29,17 @@ from typing import Any
 
 from autotune.errors import FailureReason, TrialFailed
 from autotune.failures import classify
-from autotune.rank import RankResult, RankSpec, run_rank
+from autotune.rank import RankResult, RankSpec, listening_store, run_rank
 
-__all__ = ["RankActor", "RankPool", "node_ip"]
+__all__ = ["LOOPBACK_ENV", "RankActor", "RankPool", "node_ip"]
 
 log = logging.getLogger(__name__)
 
 #: How long the pooled actors may take to answer before the pool is replaced by fresh ones.
 POOL_CHECK_TIMEOUT_S = 5.0
+#: The ranks' environment on a local instance (node IP 127.0.0.1): gloo and NCCL listen on the
+#: loopback interface, not on the address the hostname resolves to or the first one they find.
+LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
 
 
 def node_ip() -> str:
@@ -65,11 +75,8 @@ class RankActor:
         connects before the store listens backs off for 0.3-0.6 s (torch's retry)."""
         if not serve:
             return _free_port()
-        import ray
-        import torch.distributed as dist
-
-        ip = ray.util.get_node_ip_address()
-        self._store = dist.TCPStore(ip, 0, is_master=True, wait_for_workers=False)
+        ip = node_ip()
+        self._store = listening_store(ip)
         return ip, self._store.port
 
     def run(self, spec: RankSpec) -> RankResult:
@@ -105,6 +112,9 @@ class RankPool:
         self.actors: list[Any] = []  # the rank actors of the last successful trial, by rank
         self._env: dict[str, str] | None = None  # the environment they were started with
         self._actor_cls = ray.remote(max_restarts=0, max_task_retries=0)(RankActor)
+        # Where the ranks' gloo and NCCL listen: loopback on a local instance, else as the
+        # node's own environment says.
+        self._listen_env = LOOPBACK_ENV if ipaddress.ip_address(node_ip()).is_loopback else {}
 
     def ready(self, env: dict[str, str], deadline: float) -> tuple[str, int]:
         """Rank actors for a trial with process environment ``env``; rank 0's address."""
@@ -133,7 +143,7 @@ class RankPool:
                 num_cpus=self.cpus_per_rank,
                 num_gpus=self.gpus_per_rank,
                 scheduling_strategy=self._strategy(i),
-                runtime_env={"env_vars": dict(env)},
+                runtime_env={"env_vars": {**self._listen_env, **env}},
             ).remote(sorted(env))
             for i in range(self.world_size)
         ]

@@ -10,7 +10,7 @@ same strict loader (``Profile.load``) that the user's training script uses::
     measured:  {baseline_samples_per_s, best_samples_per_s, speedup, speedup_interval,
                 interval, validation, trials, budget, tuning_s, note, numerics_drift?,
                 baseline_peak_memory_mb?, pareto?, batch_changed?}
-    env:       {NCCL_ALGO: Ring, OMP_NUM_THREADS: "1", ...}   # flat map, string values
+    env:       {NCCL_ALGO: Ring, OMP_NUM_THREADS: "1", ...}   # ALLOWED_ENV only, string values
     ddp:       {bucket_cap_mb, gradient_as_bucket_view, static_graph, comm_hook: {name, ...}}
     data:      {num_workers, pin_memory, prefetch_factor?, persistent_workers?}
     precision: fp32 | tf32 | bf16 | fp16
@@ -20,9 +20,11 @@ same strict loader (``Profile.load``) that the user's training script uses::
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import tempfile
 import warnings
-from collections.abc import MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,9 +33,17 @@ from autotune import _yaml, apply
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.hardware import differences
-from autotune.knobs import COMM_HOOKS, PRECISIONS
+from autotune.knobs import (
+    COMM_HOOKS,
+    KNOBS,
+    PRECISIONS,
+    UNSET,
+    Knob,
+    Target,
+    illegal_combination,
+)
 
-__all__ = ["PROFILE_VERSION", "Profile"]
+__all__ = ["ALLOWED_ENV", "PROFILE_VERSION", "Profile", "check_env", "shell_exports"]
 
 PROFILE_VERSION = 1
 
@@ -84,6 +94,119 @@ _TOP = (
 )
 _HOOK_KEYS = ("name", "matrix_approximation_rank", "start_powerSGD_iter")
 
+#: The only environment variables a profile may set, each with the knob whose legality rule
+#: its value must pass (written as a string): the NCCL knobs, and OMP_NUM_THREADS (``threads``).
+#: Anything else (LD_PRELOAD, PYTHONPATH, a name that is shell syntax) is refused at load.
+ALLOWED_ENV: Mapping[str, Knob] = {
+    "OMP_NUM_THREADS": KNOBS["threads"],
+    **{name: k for name, k in KNOBS.items() if k.section == "nccl"},
+}
+#: How a file's problem is fixed (a study's: ``Profile.from_config``).
+_FILE_FIX = "correct it in the file or export the study again"
+#: ``illegal_combination`` needs a target; its environment rules do not look at it.
+_ANY_TARGET = Target(backend="nccl", device="cuda", world_size=1, global_batch=1, cpus_per_rank=1)
+
+
+def _whole(lo: int) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        ok = isinstance(v, int) and not isinstance(v, bool) and v >= lo
+        return None if ok else f"must be a whole number >= {lo}"
+
+    return check
+
+
+def _flag(v: Any) -> str | None:
+    return None if isinstance(v, bool) else "must be true or false"
+
+
+#: The values autotune computes with or passes to torch: (section, key) -> why a value is wrong.
+_RULES: dict[tuple[str, str], Callable[[Any], str | None]] = {
+    ("workload", "world_size"): _whole(1),
+    ("workload", "global_batch"): _whole(1),
+    ("workload", "free_batch"): _flag,
+    ("ddp", "bucket_cap_mb"): KNOBS["bucket_cap_mb"].legal,
+    ("ddp", "gradient_as_bucket_view"): _flag,
+    ("ddp", "static_graph"): _flag,
+    ("ddp.comm_hook", "matrix_approximation_rank"): _whole(1),
+    ("ddp.comm_hook", "start_powerSGD_iter"): _whole(0),
+    ("data", "num_workers"): _whole(0),
+    ("data", "pin_memory"): _flag,
+    ("data", "prefetch_factor"): _whole(1),
+    ("data", "persistent_workers"): _flag,
+    ("batch", "micro_batch"): _whole(1),
+    ("batch", "accumulation_steps"): _whole(1),
+    ("batch", "global_batch"): _whole(1),
+}
+
+
+def _env_value(value: str) -> Any:
+    """An environment string as the knob's rule sees it: digits are a whole number."""
+    return int(value) if re.fullmatch(r"[0-9]{1,18}", value) else value
+
+
+def check_env(env: Any, *, where: str = "profile", fix: str = _FILE_FIX) -> None:
+    """Refuse an ``env`` section that sets anything but ``ALLOWED_ENV``'s variables, a value
+    that is not a string, or a value its knob's legality rule refuses; ``where`` and ``fix``
+    go into the one-line ``ConfigError``."""
+    if not isinstance(env, dict):
+        raise ConfigError(
+            f"{where}: env must map variable names to strings (quote numbers), got "
+            f"{type(env).__name__}; {fix}"
+        )
+    for name, value in env.items():
+        if name not in ALLOWED_ENV:
+            raise ConfigError(
+                f"{where}: env key {name!r} is not allowed: a profile sets only "
+                f"{', '.join(ALLOWED_ENV)}; {fix}"
+            )
+        if not isinstance(value, str):
+            raise ConfigError(
+                f"{where}: env must map variable names to strings (quote numbers), got "
+                f"{name}: {value!r}; {fix}"
+            )
+        if value == UNSET:
+            reason: str | None = f"must not be {UNSET!r} (leave the key out to keep NCCL's)"
+        else:
+            reason = ALLOWED_ENV[name].legal(_env_value(value))
+        if reason:
+            reason = reason.removesuffix(f", or '{UNSET}' to leave it unset")
+            raise ConfigError(f"{where}: env.{name} {reason}, got {value!r}; {fix}")
+    nccl = {k: _env_value(v) for k, v in env.items() if k.startswith("NCCL_")}
+    reason = illegal_combination(nccl, _ANY_TARGET)
+    if reason:
+        raise ConfigError(f"{where}: env: {reason}; {fix}")
+
+
+def _check_values(data: Mapping[str, Any], *, where: str, fix: str) -> None:
+    """The env, the precision, the hook's name and every ``_RULES`` value that ``data`` holds
+    (a profile's mapping, whole or in part)."""
+    check_env(data.get("env", {}), where=where, fix=fix)
+    ddp = data.get("ddp")
+    sections = {**data, "ddp.comm_hook": ddp.get("comm_hook") if isinstance(ddp, dict) else None}
+    for (section, key), rule in _RULES.items():
+        values = sections.get(section)
+        if isinstance(values, dict) and key in values:
+            reason = rule(values[key])
+            if reason:
+                raise ConfigError(f"{where}: {section}.{key} {reason}, got {values[key]!r}; {fix}")
+    hook = sections["ddp.comm_hook"]
+    if isinstance(hook, dict) and "name" in hook and hook["name"] not in COMM_HOOKS:
+        raise ConfigError(
+            f"{where}: ddp.comm_hook.name must be one of {', '.join(COMM_HOOKS)}, got "
+            f"{hook['name']!r}; {fix}"
+        )
+    if "precision" in data and data["precision"] not in PRECISIONS:
+        raise ConfigError(
+            f"{where}: precision must be one of {', '.join(PRECISIONS)}, got "
+            f"{data['precision']!r}; {fix}"
+        )
+
+
+def shell_exports(env: Mapping[str, str]) -> str:
+    """``export NAME=value`` lines for a POSIX shell to ``eval``, names and values quoted, so
+    that ``eval`` sets exactly these strings and runs nothing else."""
+    return "".join(f"export {shlex.quote(k)}={shlex.quote(v)}\n" for k, v in env.items())
+
 
 @dataclass(kw_only=True)
 class Profile:
@@ -123,27 +246,13 @@ class Profile:
             _yaml.check_keys(
                 value, where=f"{where}: {section}", allowed=keys, required=_REQUIRED[section]
             )
-        env = data["env"]
-        if not isinstance(env, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-        ):
-            raise ConfigError(f"{where}: env must map variable names to strings (quote numbers)")
         hook = data["ddp"]["comm_hook"]
         if not isinstance(hook, dict):
             raise ConfigError(f"{where}: ddp.comm_hook must be a mapping like {{name: fp16}}")
         _yaml.check_keys(
             hook, where=f"{where}: ddp.comm_hook", allowed=_HOOK_KEYS, required=("name",)
         )
-        if hook["name"] not in COMM_HOOKS:
-            raise ConfigError(
-                f"{where}: ddp.comm_hook.name must be one of {', '.join(COMM_HOOKS)}, got "
-                f"{hook['name']!r}"
-            )
-        if data["precision"] not in PRECISIONS:
-            raise ConfigError(
-                f"{where}: precision must be one of {', '.join(PRECISIONS)}, got "
-                f"{data['precision']!r}"
-            )
+        _check_values(data, where=where, fix=_FILE_FIX)
         b, w = data["batch"], data["workload"]
         if b["micro_batch"] * b["accumulation_steps"] * w["world_size"] != b["global_batch"]:
             raise ConfigError(
@@ -221,10 +330,11 @@ class Profile:
         """Put the profile's environment into ``environ`` (default ``os.environ``).
 
         Call it before ``init_process_group``: NCCL reads its variables once per process.
-        Returns the variables set.
+        Returns the variables set: only ``ALLOWED_ENV``'s, each value legal (checked again).
         """
         import torch.distributed as dist
 
+        check_env(self.env, where=f"profile {self.study.get('name')!r}")
         if dist.is_available() and dist.is_initialized():
             warnings.warn(
                 "apply_env() after init_process_group: NCCL has already read its variables; "
@@ -248,9 +358,10 @@ class Profile:
 
     def autocast(self, device_type: str = "cuda") -> Any:
         """The tuned precision as a context for the forward pass and loss. TF32 is a process
-        flag instead: switched on for ``tf32``, and for every other precision put back to what
-        the process had before autotune first set it (as each trial's rank does)."""
-        apply.set_tf32(self.precision == "tf32")
+        flag instead: switched on for ``tf32`` (``apply.set_tf32``); for every other precision
+        the script's own TF32 settings are left as they are."""
+        if self.precision == "tf32":
+            apply.set_tf32(True)
         return apply.autocast(self.precision, device_type)
 
     def grad_scaler(self, device_type: str = "cuda") -> Any:
@@ -273,8 +384,20 @@ class Profile:
         )
 
     @classmethod
-    def from_config(cls, config: TrialConfig, **sections: Any) -> Profile:
-        return cls(
+    def from_config(cls, config: TrialConfig, *, where: str = "", **sections: Any) -> Profile:
+        """The profile of a trial's configuration, checked as ``load`` checks a file's values
+        (the configuration may come from someone else's study): a ``ConfigError`` names
+        ``where`` (by default the study and trial of ``sections['study']``) and the key."""
+        study = sections.get("study") or {}
+        if not where and "name" in study:
+            trial = study.get("best_trial")
+            where = f"study {study['name']!r}" + ("" if trial is None else f" trial {trial}")
+        where = where or "profile"
+        fix = "autotune never writes this; export another trial (--trial N)"
+        for name in ("env", "ddp", "comm_hook", "data"):
+            if not isinstance(getattr(config, name), dict):
+                raise ConfigError(f"{where}: config.{name} must be a mapping; {fix}")
+        profile = cls(
             env=dict(config.env),
             ddp={**config.ddp, "comm_hook": dict(config.comm_hook)},
             data=dict(config.data),
@@ -286,6 +409,8 @@ class Profile:
             },
             **sections,
         )
+        _check_values(profile.to_mapping(), where=where, fix=fix)
+        return profile
 
 
 _HEADER = (

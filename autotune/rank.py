@@ -40,7 +40,7 @@ from autotune.config import MeasureSettings, TrialConfig
 from autotune.numerics import CURVE_STEPS
 from autotune.stats import Interval
 
-__all__ = ["NonFiniteLoss", "RankResult", "RankSpec", "run_rank"]
+__all__ = ["NonFiniteLoss", "RankResult", "RankSpec", "listening_store", "run_rank"]
 
 
 class NonFiniteLoss(RuntimeError):
@@ -141,6 +141,30 @@ def _batches(loader: Any, sampler: Any) -> Iterator[Any]:
 _LAST_GROUP: list[Any] = []
 
 
+def listening_store(host: str, port: int = 0, timeout: timedelta | None = None) -> Any:
+    """Rank 0's ``TCPStore``, listening on ``host`` only (``port`` 0: a free one, its
+    ``.port``). Given a host, torch's store still listens on every interface ("::"); handed a
+    socket already bound to ``host`` (``master_listen_fd``), it listens there alone."""
+    import socket
+
+    import torch.distributed as dist
+
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.bind(addr)
+        sock.listen(socket.SOMAXCONN)
+        store = dist.TCPStore(
+            host, sock.getsockname()[1], is_master=True, wait_for_workers=False,
+            timeout=timeout or timedelta(seconds=300), master_listen_fd=sock.fileno(),
+        )  # fmt: skip
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store owns the descriptor now, and closes it when it goes
+    return store
+
+
 def run_rank(spec: RankSpec, store: Any = None) -> RankResult:
     """Run one rank of a trial and return its measurement; leave the process as clean as the
     trial found it (see module doc). ``store``: rank 0's ``TCPStore``, already listening at
@@ -186,15 +210,13 @@ def _run_rank(spec: RankSpec, store: Any) -> RankResult:
             torch.cuda.synchronize(device)
 
     timeout = timedelta(seconds=spec.timeout_s)
-    if store is None:  # ranks > 0 connect to rank 0's store (see RankActor.address)
+    if store is None and spec.rank == 0:  # RankActor.address starts it ahead, else here
+        store = listening_store(spec.master_addr, spec.master_port, timeout)
+    elif store is None:  # ranks > 0 connect to rank 0's store
         store = dist.TCPStore(
-            spec.master_addr,
-            spec.master_port,
-            spec.world_size,
-            is_master=spec.rank == 0,
-            timeout=timeout,
-            wait_for_workers=False,
-        )
+            spec.master_addr, spec.master_port, spec.world_size, is_master=False,
+            timeout=timeout, wait_for_workers=False,
+        )  # fmt: skip
     store.set_timeout(timeout)
     dist.init_process_group(
         spec.backend, store=store, rank=spec.rank, world_size=spec.world_size, timeout=timeout

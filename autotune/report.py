@@ -23,6 +23,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.errors import ConfigError
+from autotune.export import study_profile
 from autotune.knobs import changed_knobs
 from autotune.study_record import (
     baseline_trial,
@@ -342,9 +344,11 @@ def _html(report: Report) -> str:
 
 
 def _profile_note(study: optuna.Study) -> str | None:
-    """The profile ``autotune export`` would write for the study, as YAML."""
-    from autotune.export import study_profile
-
+    """The profile ``autotune export`` would write for the study, as YAML (or why there is
+    none: a study from elsewhere may hold what autotune refuses to export)."""
     if not complete(study) or len(study.directions) > 1:
         return None  # a multi-objective study exports its Pareto set, not one profile
-    return study_profile(study).to_yaml()
+    try:
+        return study_profile(study).to_yaml()
+    except ConfigError as e:
+        return f"# not exported: {e}\n"

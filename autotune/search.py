@@ -7,9 +7,10 @@ thread its trial, and TPE's constant liar sees the trials in flight. Either way 
 keeps Optuna's own life cycle (states, ``catch``, callbacks), and the objective
 (``objective.Objective``) maps its ends to states.
 
-``Search.run`` is called from the main thread. Ctrl-C there kills every running trial's ranks
-(``TrialRunner.abort``), marks the objective ``interrupted`` so those trials are recorded so,
-and re-raises ``KeyboardInterrupt`` to the caller, which exports the best profile so far.
+``Search.run`` is called from the main thread. Ctrl-C (or SIGTERM, ``errors.Terminated``)
+there kills every running trial's ranks (``TrialRunner.abort``), marks the objective
+``interrupted`` so those trials are recorded so, and re-raises to the caller, which exports
+the best profile so far.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.budget import Budget
-from autotune.errors import TrialFailed
+from autotune.errors import Terminated, TrialFailed
 from autotune.events import BudgetStarted, Emit, Note
 from autotune.launcher import TrialRunner
 from autotune.measure import Measurer
@@ -113,6 +114,8 @@ class Search:
     def _room_for_another(self) -> bool:
         """Whether the budget holds another trial (and, once some trial beat the baseline,
         the re-validation after it)."""
+        if self.budget.left_s() <= 0:
+            return False  # before asking the storage anything
         base = baseline_value(self.study)
         above = base is not None and any(throughput(t) > base for t in complete(self.study))
         return self.budget.room_for_another(to_revalidate=above)
@@ -150,7 +153,8 @@ class Search:
             while any(t.is_alive() for t in threads):
                 for t in threads:
                     t.join(timeout=0.5)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
+            self.objective.interrupted_by = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
             self.objective.interrupted.set()
             self._stop.set()
             for r in self.runners:

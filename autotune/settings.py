@@ -236,7 +236,12 @@ class Options(Kind):
             key, sep, value = item.partition("=")
             if not sep or not key:
                 raise ConfigError(label.says(f"write {item!r} as KEY=VALUE, e.g. width=1024"))
-            out[key] = yaml.safe_load(value)
+            try:
+                out[key] = yaml.safe_load(value)
+            except yaml.YAMLError:
+                raise ConfigError(
+                    label.says(f"{item!r}: the value is not YAML; quote it, e.g. {key}='...'")
+                ) from None
         return out
 
     def problem(self, value: Any) -> str | None:

@@ -78,8 +78,10 @@ def distribution_from_yaml(spec: Any, *, where: str) -> BaseDistribution:
     )
     for key in ("low", "high", "step"):
         v = spec.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            raise ConfigError(f"{where}: {key} must be a number, got {v!r}")
+        if v is not None and (
+            isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+        ):
+            raise ConfigError(f"{where}: {key} must be a finite number, got {v!r}")
     log = spec.get("log", False)
     if not isinstance(log, bool):
         raise ConfigError(f"{where}: log must be true or false, got {log!r}")

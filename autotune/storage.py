@@ -14,11 +14,26 @@ import optuna
 
 from autotune.errors import ConfigError
 
-__all__ = ["check_url", "default_url", "open_storage"]
+__all__ = ["check_url", "default_url", "display_url", "open_storage"]
 
 #: Seconds between heartbeats of a running trial; a trial silent for GRACE_S is stale.
 HEARTBEAT_S = 10
 GRACE_S = 60
+#: How long a SQLite write waits for a lock another writer holds (concurrent trials, heartbeat
+#: threads and other drivers write the same file) before it fails with "database is locked".
+SQLITE_BUSY_TIMEOUT_S = 20.0
+#: The databases SQLAlchemy (and so Optuna's RDB storage) speaks.
+RDB_BACKENDS = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")
+
+
+def display_url(url: str) -> str:
+    """``url`` as it may be shown: the password replaced by ``***``."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL at all: nothing in it parses as a password either
+        return url
 
 
 def default_url(run_dir: Path) -> str:
@@ -34,25 +49,31 @@ def check_url(url: str, *, must_exist: bool = False) -> None:
     from sqlalchemy.engine import make_url
 
     fix = "give an Optuna RDB URL such as sqlite:///path/to/autotune.db or postgresql://host/db"
+    shown = display_url(url)
     try:
         parsed = make_url(url)
     except Exception:
-        raise ConfigError(f"--storage {url}: not a database URL; {fix}") from None
+        raise ConfigError(f"--storage {shown}: not a database URL; {fix}") from None
+    if parsed.get_backend_name() not in RDB_BACKENDS:
+        raise ConfigError(
+            f"--storage {shown}: {parsed.get_backend_name()!r} is not a database Optuna can "
+            f"store a study in ({', '.join(RDB_BACKENDS)}); {fix}"
+        )
     if parsed.get_backend_name() == "sqlite":
         db = parsed.database
         if not db or db == ":memory:":
-            raise ConfigError(f"--storage {url}: an in-memory database keeps nothing; {fix}")
+            raise ConfigError(f"--storage {shown}: an in-memory database keeps nothing; {fix}")
         path = Path(db)
         if must_exist and not path.exists():
             raise ConfigError(
-                f"--storage {url}: no such database; give the one `autotune run` used"
+                f"--storage {shown}: no such database; give the one `autotune run` used"
             )
         if path.exists():
             if not path.is_file():
-                raise ConfigError(f"--storage {url}: {path} is not a file; {fix}")
+                raise ConfigError(f"--storage {shown}: {path} is not a file; {fix}")
         elif not path.parent.is_dir():
             raise ConfigError(
-                f"--storage {url}: directory {path.parent} does not exist; create it first"
+                f"--storage {shown}: directory {path.parent} does not exist; create it first"
             )
         if not path.exists():
             return
@@ -65,26 +86,30 @@ def check_url(url: str, *, must_exist: bool = False) -> None:
             else "pip install the module named"
         )
         raise ConfigError(
-            f"--storage {url}: its database driver is not installed ({e}); {fix}"
+            f"--storage {shown}: its database driver is not installed ({e}); {fix}"
         ) from None
     try:
         with engine.connect():
             pass
         engine.dispose()
     except Exception as e:
-        first = str(e).strip().splitlines()[0][:200]
-        raise ConfigError(f"--storage {url}: cannot open it ({first}); {fix}") from None
+        first = str(e).strip().splitlines()[0][:200].replace(url, shown)
+        raise ConfigError(f"--storage {shown}: cannot open it ({first}); {fix}") from None
 
 
 def open_storage(url: str) -> optuna.storages.RDBStorage:
+    """The study storage at ``url``, with heartbeats; SQLite with a busy timeout."""
+    kwargs = {}
+    if url.startswith("sqlite"):
+        kwargs["engine_kwargs"] = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.storages.RDBStorage(
-                url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S
+                url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, **kwargs
             )
     except Exception as e:
-        first = str(e).strip().splitlines()[0][:200]
+        first = str(e).strip().splitlines()[0][:200].replace(url, display_url(url))
         raise ConfigError(
-            f"--storage {url}: cannot open it as an Optuna storage ({first})"
+            f"--storage {display_url(url)}: cannot open it as an Optuna storage ({first})"
         ) from None

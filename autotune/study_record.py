@@ -44,6 +44,8 @@ __all__ = [
     "close_abandoned_trials",
     "complete",
     "counts",
+    "driver_alive",
+    "driver_identity",
     "enqueue_baseline",
     "failure_reasons",
     "incumbent",
@@ -62,10 +64,39 @@ ATTR = "autotune"
 #: The objectives' names, in Optuna's order: samples/s (maximised), then with
 #: ``--objective throughput,memory`` the largest peak memory of a rank (minimised).
 METRICS = ["samples_per_s", "peak_memory_mb"]
-#: Which driver runs a trial (user attribute ``driver``): lets a resumed run on the same host
-#: close at once the trials of a driver that died (``kill -9``), without waiting for
+
+
+def _boot_id() -> str:
+    """This boot of this machine (Linux), or '' where the kernel does not say."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _start_time(pid: int | str) -> str | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat`` field 22);
+    None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # fields after "pid (comm)"; 22nd overall
+
+
+def driver_identity(pid: int | None = None) -> str:
+    """``host:boot_id:pid:start_time``: two drivers never share it (not on two machines with
+    one host name, which differ in boot id, nor a reused pid, which differs in start time)."""
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}:{_boot_id()}:{pid}:{_start_time(pid) or ''}"
+
+
+#: Which driver runs a trial (user attribute ``driver``): lets a resumed run on the same
+#: machine close at once the trials of a driver that died (``kill -9``), without waiting for
 #: Optuna's heartbeat grace period.
-DRIVER = f"{socket.gethostname()}:{os.getpid()}"
+DRIVER = driver_identity()
 
 
 # -- reading ---------------------------------------------------------------------------------
@@ -240,7 +271,8 @@ def open_study(
         study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
         if study.directions != directions:
             raise ConfigError(
-                f"--study-name {name}: that study in {url} was not made for --objective "
+                f"--study-name {name}: that study in {storage_mod.display_url(url)} was not made "
+                f"for --objective "
                 f"{d.objective}; choose another --study-name"
             )
         old = record(study).get("workload")
@@ -278,16 +310,16 @@ def open_study(
     return study, opened
 
 
-def _driver_alive(driver: str) -> bool | None:
-    """Whether the autotune driver ``host:pid`` still runs; None when it ran on another host."""
-    host, _, pid = driver.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
+def driver_alive(driver: str) -> bool | None:
+    """Whether the driver ``driver`` (``driver_identity``) still runs: None when it ran on
+    another machine or boot, or this one cannot tell (Optuna's heartbeat decides then)."""
+    parts = driver.rsplit(":", 3)
+    if len(parts) != 4:
+        return None  # an older autotune's host:pid: left to the heartbeat
+    host, boot, pid, start = parts
+    if host != socket.gethostname() or not boot or boot != _boot_id() or not pid.isdigit():
         return None
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"autotune" in f.read()
-    except OSError:
-        return False
+    return start != "" and _start_time(pid) == start
 
 
 def close_abandoned_trials(study: optuna.Study, storage: optuna.storages.BaseStorage) -> list[int]:
@@ -300,7 +332,7 @@ def close_abandoned_trials(study: optuna.Study, storage: optuna.storages.BaseSto
     study_id = storage.get_study_id_from_name(study.study_name)
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         driver = t.user_attrs.get("driver", "")
-        if _driver_alive(driver) is False:
+        if driver_alive(driver) is False:
             trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
             storage.set_trial_user_attr(trial_id, "reason", str(FailureReason.INTERRUPTED))
             storage.set_trial_user_attr(

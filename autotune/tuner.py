@@ -11,8 +11,8 @@
 5. search until the budget is spent (``search.Search`` over ``objective.Objective``, the
    budget kept by ``budget.Budget``); failed trials are FAIL with a reason, the run goes on;
 6. re-validate the best few against the baseline, interleaved (``validation.revalidate``);
-7. export the profile (``export.export_profile``), also when Ctrl-C or a lost cluster stopped
-   the run before its budget.
+7. export the profile (``export.export_profile``), also when Ctrl-C, SIGTERM, a lost cluster,
+   a failing storage or any other error stopped the run before its budget.
 
 Everything the run has to say goes out as events (``autotune.events``) to ``emit``.
 """
@@ -30,13 +30,15 @@ import optuna
 from autotune import storage as storage_mod
 from autotune.budget import Budget
 from autotune.cluster import RankPlan, connect, plan_ranks
-from autotune.errors import ClusterLost, ConfigError
+from autotune.errors import BaselineFailed, ClusterLost, ConfigError, Terminated
 from autotune.events import Emit, Note, ignore
 from autotune.export import export_profile
+from autotune.failures import first_line
 from autotune.knobs import Target
 from autotune.launcher import PLACEMENT_TIMEOUT_S, TrialRunner
 from autotune.measure import Measurer
 from autotune.objective import Objective
+from autotune.paths import check_study_name, check_writable, file_stem
 from autotune.search import Search
 from autotune.space import SearchSpace
 from autotune.study_record import baseline_value, complete, counts, open_study, throughput
@@ -72,8 +74,11 @@ class RunSummary:
     baseline: float | None = None
     best: float | None = None
     interrupted: bool = False
+    terminated: bool = False
+    """Interrupted by SIGTERM rather than Ctrl-C."""
     stopped: str | None = None
-    """Why the run stopped before its budget (the cluster lost the room for a trial)."""
+    """Why the run stopped before its budget (the cluster lost the room for a trial, the
+    storage failed, ...)."""
     study: optuna.Study | None = None
 
 
@@ -85,10 +90,12 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
     space = SearchSpace.load(d.space)
     workload = load_workload(d.trainer, d.trainer_options)
     storage_url = req.storage_url or storage_mod.default_url(req.run_dir)
-    if req.storage_url is None:
-        if req.run_dir.exists() and not req.run_dir.is_dir():
-            raise ConfigError(f"--run-dir {req.run_dir}: exists and is not a directory")
-    else:
+    check_writable(req.run_dir, flag="--run-dir", directory=True)
+    if req.profile_path is not None:
+        check_writable(req.profile_path, flag="--profile", directory=False)
+    if req.study_name is not None:
+        check_study_name(req.study_name)
+    if req.storage_url is not None:
         storage_mod.check_url(storage_url)
 
     # 2. Ray and the ranks' placement groups.
@@ -105,7 +112,7 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
         # 4. The study.
         study, opened = open_study(name, storage_url, d, resolved, workload.global_batch, hw)
         emit(opened)
-        profile_path = req.profile_path or req.run_dir / "profiles" / f"{name}.yaml"
+        profile_path = req.profile_path or req.run_dir / "profiles" / f"{file_stem(name)}.yaml"
         if len(runners) > 1:
             emit(
                 Note(
@@ -135,6 +142,9 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
             emit=emit,
         )
         summary = RunSummary(study_name=name, storage_url=storage_url, profile_path=None)
+        # 5-7 in a try whose end always exports: whatever stops the search (Ctrl-C, SIGTERM,
+        # a lost cluster, a locked or lost storage, a full disk, a bug), the best profile so far
+        # is written and the reason reported.
         try:
             # 5. Trials until the budget is spent.
             search.run()
@@ -147,29 +157,46 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
                 emit=emit,
                 defaults=resolved.defaults(),
             )
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             summary.interrupted = True
+            summary.terminated = isinstance(e, Terminated)
+            by = "SIGTERM" if summary.terminated else "Ctrl-C"
             emit(
                 Note(
-                    "Interrupted: the running trial is recorded; exporting the best "
-                    "profile so far (Ctrl-C again to exit at once)"
+                    f"Interrupted ({by}): the running trial is recorded; exporting the best "
+                    f"profile so far (Ctrl-C again to exit at once)"
                 )
             )
         except ClusterLost as e:
             summary.stopped = str(e)
+        except BaselineFailed:
+            raise  # nothing was measured: there is no profile to export
+        except Exception as e:  # noqa: BLE001 - reported, and the profile still exported
+            summary.stopped = f"{type(e).__name__}: {first_line(str(e))}"
+            emit(Note(f"Stopped by an error: {summary.stopped}; exporting the best profile so far"))
         # 7. The profile.
-        summary.study = study
-        summary.trials = counts(study)
-        summary.baseline = baseline_value(study)
-        if summary.trials["complete"]:
-            summary.best = max(throughput(t) for t in complete(study))
-            export_profile(study, profile_path, budget_s=d.budget_s, note=True)
-            summary.profile_path = profile_path
+        _export(summary, study, profile_path, d.budget_s)
         return summary
     finally:
         for r in runners:
             r.close()
         conn.close()
+
+
+def _export(summary: RunSummary, study: optuna.Study, path: Path, budget_s: float) -> None:
+    """Fill ``summary`` from the study and write the profile of its best so far; a failure here
+    (the storage that stopped the search may still be gone) is added to ``summary.stopped``."""
+    summary.study = study
+    try:
+        summary.trials = counts(study)
+        summary.baseline = baseline_value(study)
+        if summary.trials["complete"]:
+            summary.best = max(throughput(t) for t in complete(study))
+            export_profile(study, path, budget_s=budget_s, note=True)
+            summary.profile_path = path
+    except Exception as e:  # noqa: BLE001 - the run's own reason stays the first one
+        why = f"the profile could not be exported ({type(e).__name__}: {first_line(str(e))})"
+        summary.stopped = f"{summary.stopped}; {why}" if summary.stopped else why
 
 
 def _place(
@@ -191,26 +218,26 @@ def _place(
         )
     plan = plan_ranks(world, backend, d.placement, d.concurrent_trials)
     runners = _runners(d, plan, world, backend)
-    try:
+    try:  # the placement groups are the caller's only once this returns
         hw = runners[0].probe()
         if "error" in hw:
             raise ConfigError(f"--backend {backend}: {hw['error']}; use --backend gloo")
+        ranks_per_node = math.ceil(world / hw["node_count"])
+        target = Target(
+            backend=backend,
+            device=hw["device"],
+            world_size=world,
+            global_batch=workload.global_batch,
+            # the CPUs the rank's bundle reserves, never more than its machine has
+            cpus_per_rank=max(1, min(plan.cpus_per_rank, hw["cpus"] // ranks_per_node)),
+            bf16=hw["bf16"],
+            tf32=hw["tf32"],
+            free_batch=d.free_batch,
+        )
     except BaseException:
         for r in runners:
             r.close()
         raise
-    ranks_per_node = math.ceil(world / hw["node_count"])
-    target = Target(
-        backend=backend,
-        device=hw["device"],
-        world_size=world,
-        global_batch=workload.global_batch,
-        # the CPUs the rank's bundle reserves, never more than its machine has
-        cpus_per_rank=max(1, min(plan.cpus_per_rank, hw["cpus"] // ranks_per_node)),
-        bf16=hw["bf16"],
-        tf32=hw["tf32"],
-        free_batch=d.free_batch,
-    )
     return target, runners, hw, plan
 
 

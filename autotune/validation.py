@@ -64,8 +64,9 @@ def revalidate(
 ) -> dict[str, Any] | None:
     """Measure the best ``plan[0]`` configurations and the baseline again over ``plan[1]``
     interleaved rounds; store the choice made from those numbers on the study (user attribute
-    ``validation``) and return it. None when there is no plan, nothing above the baseline, or
-    the baseline failed. ``defaults``: the space's defaults, for what each run changes."""
+    ``validation``) and return it. None when there is no plan, nothing above the baseline, the
+    baseline failed, or every candidate failed. ``defaults``: the space's defaults, for what
+    each run changes."""
     base = baseline_trial(study)
     if plan is None or base is None:
         return None

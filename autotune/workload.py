@@ -68,6 +68,15 @@ def resolve_trainer(ref: str) -> Callable[..., Workload]:
     """``mlp`` or ``package.module:function`` -> the trainer function."""
     if ":" in ref:
         module_name, _, attr = ref.partition(":")
+        if (
+            not module_name
+            or not attr
+            or not all(part.isidentifier() for part in [*module_name.split("."), attr])
+        ):
+            raise ConfigError(
+                f"--trainer {ref!r}: expected a built-in trainer name or package.module:function "
+                f"(e.g. my_model:workload)"
+            )
     else:
         module_name, attr = f"{BUILTIN_PACKAGE}.{ref}", "workload"
         if ref not in available_trainers():
@@ -82,10 +91,22 @@ def resolve_trainer(ref: str) -> Callable[..., Workload]:
             f"--trainer {ref}: cannot import {module_name} ({e}); install it or run from the "
             f"directory that contains it"
         ) from None
+    except Exception as e:  # a syntax error, or the module's own code raising on import
+        raise ConfigError(
+            f"--trainer {ref}: importing {module_name} raised {_one_line(e)}; fix the module"
+        ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ConfigError(f"--trainer {ref}: {module_name} has no function {attr!r}")
     return fn
+
+
+def _one_line(e: BaseException) -> str:
+    """``Type: first line of the message`` (a SyntaxError with its file and line)."""
+    if isinstance(e, SyntaxError):
+        return f"SyntaxError: {e.msg} ({e.filename}, line {e.lineno})"
+    first = next((line for line in str(e).splitlines() if line.strip()), "")
+    return f"{type(e).__name__}: {first[:200]}" if first else type(e).__name__
 
 
 def load_workload(ref: str, options: Mapping[str, Any] | None = None) -> Workload:
@@ -102,6 +123,11 @@ def load_workload(ref: str, options: Mapping[str, Any] | None = None) -> Workloa
         wl = fn(**options)
     except TypeError as e:  # e.g. Workload(...) without a required field
         raise ConfigError(f"--trainer {ref}: {e}; see the Workload contract") from None
+    except Exception as e:  # the trainer function's own code raised
+        raise ConfigError(
+            f"--trainer {ref}: the trainer function raised {_one_line(e)}; fix it or its "
+            f"--trainer-option values"
+        ) from None
     if not isinstance(wl, Workload):
         raise ConfigError(
             f"--trainer {ref}: returned {type(wl).__name__}, expected autotune.Workload"

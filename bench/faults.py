@@ -63,7 +63,7 @@ def main() -> None:
             try:
                 runner.run(trial=0, trainer=f"autotune_test_trainers:{trainer}",
                            trainer_options=options, config=config,
-                           measure=MeasureSettings(warmup_steps=2, window_s=0.3), seed=0,
+                           measure=MeasureSettings(min_warmup_steps=2, window_s=0.3), seed=0,
                            **kwargs)  # fmt: skip
                 verdict = "COMPLETE (fault not detected)"
             except TrialFailed as e:

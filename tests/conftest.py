@@ -25,13 +25,16 @@ def ray_address():
         # environment, which every worker inherits.
         pythonpath = os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
         os.environ["PYTHONPATH"] = pythonpath
-        ray.init(
-            num_cpus=2,
-            include_dashboard=False,
-            log_to_driver=False,
-            logging_level="WARNING",
-            runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
-        )
+        from autotune._compat import loopback_node_ip
+
+        with loopback_node_ip():  # like the local instance `autotune run` starts
+            ray.init(
+                num_cpus=2,
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level="WARNING",
+                runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
+            )
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 

@@ -222,22 +222,29 @@ def test_a_baseline_that_fails_stops_the_run_with_the_reason(run_env):
     assert trials[0].user_attrs["reason"] == "crash"
 
 
-def test_ctrl_c_records_the_running_trial_exports_and_exits_130(ray_address, run_env):
+@pytest.mark.parametrize(
+    ("signum", "rc", "by"), [("SIGINT", 130, "Ctrl-C"), ("SIGTERM", 143, "SIGTERM")]
+)
+def test_ctrl_c_or_sigterm_records_the_running_trial_and_exports(
+    ray_address, run_env, signum, rc, by
+):
     import signal
 
     p = started_run(run_env, "--study", "quick", "--budget", "5m", "--address", ray_address)
     try:
         time.sleep(1.5)  # the next trial is starting its ranks
-        p.send_signal(signal.SIGINT)
+        p.send_signal(getattr(signal, signum))
         out = p.communicate(timeout=120)[0]
     finally:
         p.kill()
-    assert p.returncode == 130, out
+    assert p.returncode == rc, out
+    assert f"Interrupted ({by})" in out
     home = Path(run_env["AUTOTUNE_HOME"])
     trials = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{home / 'autotune.db'}").trials
     assert trials[0].state == TrialState.COMPLETE
     assert trials[-1].state == TrialState.FAIL
     assert trials[-1].user_attrs["reason"] == "interrupted"
+    assert trials[-1].user_attrs["reason_detail"] == f"{by} during the trial"
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     assert Profile.load(home / "profiles" / f"{STUDY}.yaml").study["baseline_trial"] == 0
 

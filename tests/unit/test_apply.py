@@ -157,10 +157,12 @@ def test_tf32_is_set_for_tf32_and_put_back_to_the_process_defaults(tf32_flags):
     with profile(TrialConfig(precision="tf32")).autocast("cpu"):
         assert tf32() == (True, True)
     assert tf32() == (True, True)  # a process flag: it stays on after the context
+    # other precisions leave the script's own TF32 settings alone, whatever they are
     for other in ("fp32", "bf16", "fp16"):
-        apply.set_tf32(True)
-        with profile(TrialConfig(precision=other)).autocast("cpu"):
-            assert tf32() == (False, False), other
+        for flags in ((True, True), (False, False)):
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+            with profile(TrialConfig(precision=other)).autocast("cpu"):
+                assert tf32() == flags, other
 
 
 def test_dataloader_kwargs_carry_the_micro_batch_and_the_data_section():

@@ -9,7 +9,12 @@ import optuna
 from optuna.samplers._tpe import sampler as tpe_sampler
 
 from autotune import _compat
-from autotune._compat import STUDY_TRIALS_METHOD, bootstrap_address, call_study_trials
+from autotune._compat import (
+    STUDY_TRIALS_METHOD,
+    bootstrap_address,
+    call_study_trials,
+    loopback_node_ip,
+)
 
 
 def test_the_study_method_samplers_read_trials_through_is_still_there():
@@ -32,6 +37,37 @@ def test_ray_bootstrap_lookup_is_still_there(monkeypatch):
     assert callable(services.canonicalize_bootstrap_address)
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6380")
     assert bootstrap_address("auto").endswith(":6380")  # Ray names loopback by the node's IP
+
+
+def test_rays_node_ip_is_loopback_only_inside_loopback_node_ip():
+    """A local instance started inside ``loopback_node_ip`` takes 127.0.0.1 as its node IP
+    (``tests/integration/test_listeners.py`` checks that everything then listens there)."""
+    import ray
+    import ray._private.ray_constants as ray_constants
+    import ray._private.services as services
+
+    assert isinstance(ray_constants.ENABLE_RAY_CLUSTER, bool)
+    assert "ray_constants.ENABLE_RAY_CLUSTER" in inspect.getsource(services.get_node_ip_address)
+    if ray.is_initialized():  # a node's IP is then that node's, whatever the flag says
+        return
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    with loopback_node_ip():
+        assert ray_constants.ENABLE_RAY_CLUSTER is False
+        assert services.get_node_ip_address() == "127.0.0.1"
+    assert ray_constants.ENABLE_RAY_CLUSTER is before
+
+
+def test_rays_own_node_ip_parameter_still_maps_loopback_away():
+    """Why ``loopback_node_ip`` exists: ``ray.init(_node_ip_address="127.0.0.1")`` is mapped to
+    the machine's outward address; when Ray stops doing that, the private parameter (or a
+    public successor) is the simpler way."""
+    import ray
+    import ray._private.services as services
+
+    assert "resolve_ip_for_localhost(_node_ip_address)" in inspect.getsource(ray.init)
+    if not ray.is_initialized():
+        with loopback_node_ip():  # where Ray keeps loopback, it keeps it
+            assert services.resolve_ip_for_localhost("127.0.0.1") == "127.0.0.1"
 
 
 def test_no_other_module_touches_private_optuna_or_ray_api():

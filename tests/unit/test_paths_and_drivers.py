@@ -1,0 +1,77 @@
+"""Where autotune writes (checked before anything starts, names made safe) and who runs a trial
+(a driver identity two drivers never share)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import ConfigError
+from autotune.paths import check_study_name, check_writable, file_stem
+from autotune.study_record import DRIVER, driver_alive, driver_identity
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", ".hidden", "x\0y", "", "a" * 129, "a..b"])
+def test_a_new_study_name_that_is_no_file_name_is_refused(name):
+    with pytest.raises(ConfigError, match="--study-name"):
+        check_study_name(name)
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", "/etc/passwd", ".hidden", "x" * 300, "ü"])
+def test_any_study_name_maps_to_a_file_name_inside_its_directory(tmp_path, name):
+    stem = file_stem(name)
+    assert (tmp_path / f"{stem}.yaml").resolve().parent == tmp_path.resolve()
+    assert "/" not in stem and not stem.startswith(".") and len(stem) <= 128
+    assert file_stem(name) != file_stem(name + "/")  # two unsafe names never share a file
+
+
+def test_a_safe_name_is_kept_as_it_is():
+    assert file_stem("quick-mlp-gloo-2r") == "quick-mlp-gloo-2r"
+    check_study_name("quick-mlp-gloo-2r")
+
+
+def test_writable_paths_pass_and_create_nothing(tmp_path):
+    check_writable(tmp_path / "new" / "dir", flag="--run-dir", directory=True)
+    check_writable(tmp_path / "p.yaml", flag="--profile", directory=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unwritable_paths_name_the_flag(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(ConfigError, match=r"--run-dir .*exists and is not a directory"):
+        check_writable(f, flag="--run-dir", directory=True)
+    with pytest.raises(ConfigError, match=r"--profile .*is not a directory"):
+        check_writable(f / "p.yaml", flag="--profile", directory=False)
+    with pytest.raises(ConfigError, match=r"--profile .*is a directory"):
+        check_writable(tmp_path, flag="--profile", directory=False)
+    if not os.access("/proc/sys", os.W_OK):
+        with pytest.raises(ConfigError, match=r"--output .*not writable"):
+            check_writable(Path("/proc/sys/x/y"), flag="--output", directory=True)
+
+
+def test_this_driver_is_alive_though_its_command_line_has_no_autotune():
+    # pytest runs this: a driver started from a user's own Python script counts as alive
+    assert driver_identity() == DRIVER and driver_alive(DRIVER) is True
+
+
+def test_a_dead_driver_and_a_reused_pid_are_dead():
+    p = subprocess.Popen(["sleep", "60"])
+    who = driver_identity(p.pid)
+    assert driver_alive(who) is True
+    p.kill()
+    p.wait()
+    assert driver_alive(who) is False
+    host, boot, pid, start = DRIVER.rsplit(":", 3)
+    assert driver_alive(f"{host}:{boot}:{pid}:{int(start) + 1}") is False  # same pid, other start
+
+
+def test_a_driver_elsewhere_is_left_to_the_heartbeat():
+    host, boot, pid, start = DRIVER.rsplit(":", 3)
+    # same host name, another machine (another boot id): never judged from here
+    assert driver_alive(f"{host}:00000000-0000-0000-0000-000000000000:{pid}:{start}") is None
+    assert driver_alive(f"another-host:{boot}:{pid}:{start}") is None
+    assert driver_alive(f"{host}:{os.getpid()}") is None  # an older autotune's host:pid
