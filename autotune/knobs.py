@@ -20,6 +20,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.values import (
+    boolean,
+    int_at_least,
+    int_range,
+    is_int,
+    one_of,
+    positive_number,
+)
+
 __all__ = [
     "KNOBS",
     "SECTIONS",
@@ -72,32 +81,6 @@ class Target:
         return self.global_batch // self.world_size
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _bool_legal(v: Any) -> str | None:
-    return None if isinstance(v, bool) else "must be true or false"
-
-
-def _int_at_least(lo: int) -> Callable[[Any], str | None]:
-    def check(v: Any) -> str | None:
-        return None if _is_int(v) and v >= lo else f"must be an integer >= {lo}"
-
-    return check
-
-
-def _one_of(choices: tuple[Any, ...]) -> Callable[[Any], str | None]:
-    def check(v: Any) -> str | None:
-        return None if v in choices else f"must be one of {', '.join(map(str, choices))}"
-
-    return check
-
-
 def _nccl(check: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
     """NCCL values: ``default`` (unset) or a value ``check`` accepts."""
 
@@ -108,13 +91,6 @@ def _nccl(check: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
         return None if reason is None else f"{reason}, or '{UNSET}' to leave it unset"
 
     return legal
-
-
-def _int_range(lo: int, hi: int) -> Callable[[Any], str | None]:
-    def check(v: Any) -> str | None:
-        return None if _is_int(v) and lo <= v <= hi else f"must be an integer in [{lo}, {hi}]"
-
-    return check
 
 
 def _only_nccl(t: Target) -> str | None:
@@ -143,8 +119,8 @@ def _micro_batch_drop(t: Target) -> str | None:
 
 def _micro_batch_choice(t: Target, v: Any) -> str | None:
     if t.free_batch:
-        return None if _is_int(v) and v >= 1 else "is not a positive whole number"
-    if not _is_int(v) or v < 1 or t.per_rank_batch % v:
+        return None if is_int(v) and v >= 1 else "is not a positive whole number"
+    if not is_int(v) or v < 1 or t.per_rank_batch % v:
         return f"does not divide the per-rank batch {t.per_rank_batch}"
     return None
 
@@ -169,7 +145,7 @@ def _precision_choice(t: Target, v: Any) -> str | None:
 
 
 def _threads_choice(t: Target, v: Any) -> str | None:
-    if _is_int(v) and v > t.cpus_per_rank:
+    if is_int(v) and v > t.cpus_per_rank:
         return f"more threads than the {t.cpus_per_rank} CPUs each rank has"
     return None
 
@@ -210,13 +186,8 @@ class Knob:
         return self.default(target) if callable(self.default) else self.default
 
 
-def _positive_number(v: Any) -> str | None:
-    ok = _number(v) and 0 < v < float("inf")
-    return None if ok else "must be a positive finite number"
-
-
 def _workers_on(v: Any, t: Target) -> bool:
-    return _is_int(v) and v > 0
+    return is_int(v) and v > 0
 
 
 def _no_accumulation(v: Any, t: Target) -> bool:
@@ -229,7 +200,7 @@ _KNOB_LIST = [
         name="micro_batch",
         section="batch",
         default=lambda t: t.per_rank_batch,
-        legal=_int_at_least(1),
+        legal=int_at_least(1),
         drop=_micro_batch_drop,
         drop_choice=_micro_batch_choice,
         doc="samples per rank per forward pass; accumulation steps keep the global batch",
@@ -239,7 +210,7 @@ _KNOB_LIST = [
         name="bucket_cap_mb",
         section="ddp",
         default=25.0,
-        legal=_positive_number,
+        legal=positive_number,
         doc="DDP gradient bucket size in MiB (PyTorch default 25)",
     ),
     Knob(
@@ -247,7 +218,7 @@ _KNOB_LIST = [
         choices_only=True,
         section="ddp",
         default=False,
-        legal=_bool_legal,
+        legal=boolean,
         doc="gradients are views into the all-reduce buckets (saves a copy)",
     ),
     Knob(
@@ -255,7 +226,7 @@ _KNOB_LIST = [
         choices_only=True,
         section="ddp",
         default=False,
-        legal=_bool_legal,
+        legal=boolean,
         parent=("micro_batch", _no_accumulation),
         doc="declare the graph static (only without accumulation: torch's reducer asserts)",
     ),
@@ -264,7 +235,7 @@ _KNOB_LIST = [
         choices_only=True,
         section="ddp",
         default="none",
-        legal=_one_of(COMM_HOOKS),
+        legal=one_of(COMM_HOOKS),
         drop_choice=_hook_choice,
         doc="DDP communication hook: none, fp16/bf16 compression, or PowerSGD",
     ),
@@ -272,7 +243,7 @@ _KNOB_LIST = [
         name="powersgd_rank",
         section="ddp",
         default=1,
-        legal=_int_at_least(1),
+        legal=int_at_least(1),
         parent=("comm_hook", lambda v, t: v == "powersgd"),
         doc="PowerSGD matrix_approximation_rank (only when comm_hook is powersgd)",
     ),
@@ -281,7 +252,7 @@ _KNOB_LIST = [
         name="num_workers",
         section="data",
         default=0,
-        legal=_int_at_least(0),
+        legal=int_at_least(0),
         doc="DataLoader worker processes per rank",
     ),
     Knob(
@@ -289,7 +260,7 @@ _KNOB_LIST = [
         choices_only=True,
         section="data",
         default=False,
-        legal=_bool_legal,
+        legal=boolean,
         drop=_needs_cuda_for_pinning,
         doc="DataLoader pins host batches for faster H2D copies",
     ),
@@ -297,7 +268,7 @@ _KNOB_LIST = [
         name="prefetch_factor",
         section="data",
         default=2,
-        legal=_int_at_least(1),
+        legal=int_at_least(1),
         parent=("num_workers", _workers_on),
         doc="batches each DataLoader worker loads ahead (only with workers)",
     ),
@@ -306,7 +277,7 @@ _KNOB_LIST = [
         choices_only=True,
         section="data",
         default=False,
-        legal=_bool_legal,
+        legal=boolean,
         parent=("num_workers", _workers_on),
         doc="keep DataLoader workers alive across epochs (only with workers)",
     ),
@@ -316,7 +287,7 @@ _KNOB_LIST = [
         choices_only=True,
         section="precision",
         default="fp32",
-        legal=_one_of(PRECISIONS),
+        legal=one_of(PRECISIONS),
         drop_choice=_precision_choice,
         doc="fp32, tf32 matmuls, bf16 autocast, or fp16 autocast with GradScaler",
     ),
@@ -325,7 +296,7 @@ _KNOB_LIST = [
         name="threads",
         section="cpu",
         default=1,
-        legal=_int_at_least(1),
+        legal=int_at_least(1),
         drop=_threads_drop,
         drop_choice=_threads_choice,
         doc="intra-op CPU threads per rank (OMP_NUM_THREADS; torchrun's default is 1)",
@@ -336,7 +307,7 @@ _KNOB_LIST = [
         choices_only=True,
         section="nccl",
         default=UNSET,
-        legal=_nccl(_one_of(NCCL_ALGOS)),
+        legal=_nccl(one_of(NCCL_ALGOS)),
         drop=_only_nccl,
         doc="collective algorithm",
     ),
@@ -345,7 +316,7 @@ _KNOB_LIST = [
         choices_only=True,
         section="nccl",
         default=UNSET,
-        legal=_nccl(_one_of(NCCL_PROTOS)),
+        legal=_nccl(one_of(NCCL_PROTOS)),
         drop=_only_nccl,
         doc="protocol; forcing LL128 where NCCL disabled it can corrupt data",
     ),
@@ -354,7 +325,7 @@ _KNOB_LIST = [
         choices_only=True,
         section="nccl",
         default=UNSET,
-        legal=_nccl(_int_at_least(1)),
+        legal=_nccl(int_at_least(1)),
         drop=_only_nccl,
         doc="bytes of buffer per channel between peers (NCCL default 4 MiB)",
     ),
@@ -363,7 +334,7 @@ _KNOB_LIST = [
         choices_only=True,
         section="nccl",
         default=UNSET,
-        legal=_nccl(_one_of(NCCL_NTHREADS)),
+        legal=_nccl(one_of(NCCL_NTHREADS)),
         drop=_only_nccl,
         doc="CUDA threads per NCCL block: 64, 128, 256 or 512",
     ),
@@ -372,7 +343,7 @@ _KNOB_LIST = [
         choices_only=True,
         section="nccl",
         default=UNSET,
-        legal=_nccl(_int_range(1, 64)),
+        legal=_nccl(int_range(1, 64)),
         drop=_only_nccl,
         doc="minimum CTAs (channels) NCCL uses",
     ),
@@ -381,7 +352,7 @@ _KNOB_LIST = [
         choices_only=True,
         section="nccl",
         default=UNSET,
-        legal=_nccl(_int_range(1, 64)),
+        legal=_nccl(int_range(1, 64)),
         drop=_only_nccl,
         doc="maximum CTAs (channels) NCCL uses",
     ),
@@ -390,7 +361,7 @@ _KNOB_LIST = [
         choices_only=True,
         section="nccl",
         default=UNSET,
-        legal=_nccl(_int_range(1, 16)),
+        legal=_nccl(int_range(1, 16)),
         drop=_only_nccl,
         doc="CPU helper threads per socket connection (1-16)",
     ),
@@ -399,7 +370,7 @@ _KNOB_LIST = [
         choices_only=True,
         section="nccl",
         default=UNSET,
-        legal=_nccl(_int_at_least(1)),
+        legal=_nccl(int_at_least(1)),
         drop=_only_nccl,
         doc="sockets per helper thread; threads x sockets must be <= 64",
     ),
