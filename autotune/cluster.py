@@ -14,6 +14,7 @@ ranks sit on its nodes.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import math
 import os
@@ -44,8 +45,9 @@ class RayConnection:
             ray.shutdown()
 
 
-def _check_reachable(address: str) -> None:
-    """Fail fast where ray.init would retry for minutes: nothing answers at HOST:PORT."""
+def _check_reachable(address: str) -> str:
+    """Fail fast where ray.init would retry for minutes: nothing answers at HOST:PORT. Returns
+    the host that answered."""
     fix = "start one with `ray start --head` or leave --address out to start a local instance"
     resolved = address
     if address == "auto":
@@ -63,6 +65,14 @@ def _check_reachable(address: str) -> None:
         raise ConfigError(
             f"--address {address}: nothing answers there ({e.strerror or e}); {fix}"
         ) from None
+    return host.strip("[]")
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
 
 
 def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayConnection:
@@ -75,8 +85,10 @@ def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayC
 
     if ray.is_initialized():
         return RayConnection(address=address, started_here=False, owned=False)
-    if address is not None:
-        _check_reachable(address)
+    # A cluster whose head listens on loopback (a local `ray start --head` like autotune's own
+    # local instance) is joined with this node's IP as 127.0.0.1 too: Ray looks for the node's
+    # raylet at the driver's node IP.
+    loopback = address is None or _is_loopback(_check_reachable(address))
     env_vars: dict[str, str] = {}
     if address is None and extra_pythonpath:
         env_vars["PYTHONPATH"] = os.pathsep.join(
@@ -95,7 +107,7 @@ def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayC
         # "local": always a new instance, even where RAY_ADDRESS or a `ray start` cluster
         # exists (Ray would join those on address=None); --address is how to join one. Its
         # node IP is 127.0.0.1, so nothing of it listens beyond loopback.
-        with loopback_node_ip() if address is None else contextlib.nullcontext():
+        with loopback_node_ip() if loopback else contextlib.nullcontext():
             ray.init(address=address or "local", **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

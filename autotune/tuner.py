@@ -172,7 +172,8 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
         except BaselineFailed:
             raise  # nothing was measured: there is no profile to export
         except Exception as e:  # noqa: BLE001 - reported, and the profile still exported
-            summary.stopped = f"{type(e).__name__}: {first_line(str(e))}"
+            cause = _cause(e)
+            summary.stopped = f"{type(cause).__name__}: {first_line(str(cause))}"
             emit(Note(f"Stopped by an error: {summary.stopped}; exporting the best profile so far"))
         # 7. The profile.
         _export(summary, study, profile_path, d.budget_s)
@@ -181,6 +182,20 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
         for r in runners:
             r.close()
         conn.close()
+
+
+def _cause(e: BaseException) -> BaseException:
+    """The error that stopped the loop. When the storage refuses a trial's end, Optuna's
+    post-processing fails an ``assert`` in a ``finally`` block (optuna 5.0, ``_optimize.py``):
+    the storage's error is then that AssertionError's context, and it is the one to report;
+    Optuna's ``StorageInternalError`` in turn wraps the database's own error."""
+    while True:
+        if isinstance(e, AssertionError) and e.__context__ is not None:
+            e = e.__context__
+        elif isinstance(e, optuna.exceptions.StorageInternalError) and e.__cause__ is not None:
+            e = e.__cause__
+        else:
+            return e
 
 
 def _export(summary: RunSummary, study: optuna.Study, path: Path, budget_s: float) -> None:
