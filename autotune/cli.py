@@ -112,8 +112,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         storage_url=args.storage,
         address=args.address,
         profile_path=args.profile,
+        sigterm=True,
     )
-    # SIGTERM (SLURM preemption, `timeout`, `docker stop`) stops the run like Ctrl-C does.
+    # SIGTERM (SLURM preemption, `timeout`, `docker stop`) stops the run like Ctrl-C does: here
+    # until Ray is connected, then by the handler run() installs over Ray's own.
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         with RunView(console, budget_s=d.budget_s) as view:

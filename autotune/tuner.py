@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,10 @@ class RunRequest:
     storage_url: str | None = None
     address: str | None = None
     profile_path: Path | None = None
+    sigterm: bool = False
+    """Stop on SIGTERM as on Ctrl-C (the CLI sets it; call ``run`` from the main thread). The
+    handler is installed once Ray is connected: ``ray.init`` installs Ray's own, which would
+    end the process at once."""
 
 
 @dataclass
@@ -100,6 +105,7 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
 
     # 2. Ray and the ranks' placement groups.
     conn = connect(req.address, extra_pythonpath=os.getcwd())
+    previous = signal.signal(signal.SIGTERM, _terminate) if req.sigterm else None
     runners: list[TrialRunner] = []
     try:
         target, runners, hw, plan = _place(d, workload)
@@ -182,6 +188,12 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
         for r in runners:
             r.close()
         conn.close()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated()
 
 
 def _cause(e: BaseException) -> BaseException:
