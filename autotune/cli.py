@@ -18,7 +18,13 @@ from typing import Any
 
 from autotune import cli_study, cli_tools, settings
 from autotune.cli_study import default_run_dir
-from autotune.errors import AutotuneError, BaselineFailed, ConfigError, Terminated
+from autotune.errors import (
+    AutotuneError,
+    BaselineFailed,
+    ConfigError,
+    Terminated,
+    interrupted_by,
+)
 from autotune.storage import display_url
 from autotune.studydef import StudyDefinition
 
@@ -132,6 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _terminate(signum: int, frame: Any) -> None:
+    Terminated.received = True
     raise Terminated()
 
 
@@ -189,10 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     except BaselineFailed as e:
         print(f"autotune: {e}", file=sys.stderr)
         return 1
-    except Terminated:
-        print("autotune: terminated (SIGTERM)", file=sys.stderr)
-        return EXIT_TERMINATED
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        if interrupted_by(e) == "SIGTERM":
+            print("autotune: terminated (SIGTERM)", file=sys.stderr)
+            return EXIT_TERMINATED
         print("autotune: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # `autotune spaces | head`

@@ -19,6 +19,7 @@ __all__ = [
     "FailureReason",
     "Terminated",
     "TrialFailed",
+    "interrupted_by",
 ]
 
 
@@ -99,3 +100,13 @@ class ClusterLost(AutotuneError):
 class Terminated(KeyboardInterrupt):
     """SIGTERM (a scheduler's preemption, ``timeout``, ``docker stop``): handled like Ctrl-C -
     the running trial is recorded ``interrupted`` and the best profile so far exported."""
+
+    #: Set by autotune's SIGTERM handler before it raises: an exception raised by a signal
+    #: handler inside ``ray.get``/``ray.wait`` reaches the caller as a plain KeyboardInterrupt
+    #: (seen in CI), so the type alone can lose which signal it was.
+    received = False
+
+
+def interrupted_by(e: BaseException) -> str:
+    """``SIGTERM`` or ``Ctrl-C``: what ``e`` (a KeyboardInterrupt) stands for."""
+    return "SIGTERM" if isinstance(e, Terminated) or Terminated.received else "Ctrl-C"

@@ -26,7 +26,13 @@ import optuna
 
 from autotune.budget import Budget
 from autotune.config import TrialConfig
-from autotune.errors import BaselineFailed, ClusterLost, FailureReason, Terminated, TrialFailed
+from autotune.errors import (
+    BaselineFailed,
+    ClusterLost,
+    FailureReason,
+    TrialFailed,
+    interrupted_by,
+)
 from autotune.events import Emit, Outcome, TrialFinished, TrialStarted
 from autotune.knobs import changed_knobs
 from autotune.measure import Measurer
@@ -91,7 +97,7 @@ class Objective:
             result = self.measure(trial.number, config, incumbent(self.study) if prune else None)
         except KeyboardInterrupt as e:
             # Optuna records the trial FAIL and re-raises; the runner has killed its ranks.
-            by = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
+            by = interrupted_by(e)
             record_failure(trial, TrialFailed(FailureReason.INTERRUPTED, f"{by} during the trial"))
             raise
         except ClusterLost as e:

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import optuna
 from optuna.trial import TrialState
 
 from autotune.budget import Budget
-from autotune.errors import Terminated, TrialFailed
+from autotune.errors import TrialFailed, interrupted_by
 from autotune.events import BudgetStarted, Emit, Note
 from autotune.launcher import TrialRunner
 from autotune.measure import Measurer
@@ -56,6 +57,7 @@ class Search:
         measure: Measurer,
         budget: Budget,
         emit: Emit,
+        tick: Callable[[], None] | None = None,
     ) -> None:
         self.study = study
         self.space = space
@@ -64,12 +66,16 @@ class Search:
         self.measure = measure
         self.budget = budget
         self.emit = emit
+        #: Called from the main thread before the baseline, between trials and while waiting
+        #: for concurrent trials (``tuner`` re-asserts its SIGTERM handler there).
+        self.tick = tick or (lambda: None)
         self._stop = threading.Event()
 
     def run(self) -> None:
         """Search until the budget is spent (or a trial stops the run by raising)."""
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         self.budget.start()
+        self.tick()
         self.emit(BudgetStarted(budget_s=self.budget.total_s))
         if not self._baseline_first():
             return
@@ -123,6 +129,8 @@ class Search:
     def _between_trials(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         """Stop before a trial that the budget left cannot hold; raise ClusterLost before one
         the cluster has no room for (so no trial is asked for in vain)."""
+        if threading.current_thread() is threading.main_thread():
+            self.tick()
         if not self._room_for_another():
             study.stop()
             return
@@ -151,10 +159,11 @@ class Search:
             t.start()
         try:
             while any(t.is_alive() for t in threads):
+                self.tick()
                 for t in threads:
                     t.join(timeout=0.5)
         except KeyboardInterrupt as e:
-            self.objective.interrupted_by = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
+            self.objective.interrupted_by = interrupted_by(e)
             self.objective.interrupted.set()
             self._stop.set()
             for r in self.runners:

@@ -31,7 +31,13 @@ import optuna
 from autotune import storage as storage_mod
 from autotune.budget import Budget
 from autotune.cluster import RankPlan, connect, plan_ranks
-from autotune.errors import BaselineFailed, ClusterLost, ConfigError, Terminated
+from autotune.errors import (
+    BaselineFailed,
+    ClusterLost,
+    ConfigError,
+    Terminated,
+    interrupted_by,
+)
 from autotune.events import Emit, Note, ignore
 from autotune.export import export_profile
 from autotune.failures import first_line
@@ -105,7 +111,12 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
 
     # 2. Ray and the ranks' placement groups.
     conn = connect(req.address, extra_pythonpath=os.getcwd())
+    Terminated.received = False
     previous = signal.signal(signal.SIGTERM, _terminate) if req.sigterm else None
+    # Ray's core worker installs a handler of its own (it logs "SIGTERM received" and exits 1),
+    # at a moment ray.init does not wait for (seen in CI): the search re-asserts this one from
+    # the main thread before the baseline, between trials and while concurrent trials run.
+    tick = (lambda: signal.signal(signal.SIGTERM, _terminate)) if req.sigterm else None
     runners: list[TrialRunner] = []
     try:
         target, runners, hw, plan = _place(d, workload)
@@ -146,6 +157,7 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
             measure=measure,
             budget=budget,
             emit=emit,
+            tick=tick,
         )
         summary = RunSummary(study_name=name, storage_url=storage_url, profile_path=None)
         # 5-7 in a try whose end always exports: whatever stops the search (Ctrl-C, SIGTERM,
@@ -165,8 +177,8 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
             )
         except KeyboardInterrupt as e:
             summary.interrupted = True
-            summary.terminated = isinstance(e, Terminated)
-            by = "SIGTERM" if summary.terminated else "Ctrl-C"
+            by = interrupted_by(e)
+            summary.terminated = by == "SIGTERM"
             emit(
                 Note(
                     f"Interrupted ({by}): the running trial is recorded; exporting the best "
@@ -193,6 +205,7 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
 
 
 def _terminate(signum: int, frame: Any) -> None:
+    Terminated.received = True
     raise Terminated()
 
 
