@@ -22,8 +22,8 @@ from autotune.errors import (
     AutotuneError,
     BaselineFailed,
     ConfigError,
-    Terminated,
     interrupted_by,
+    raise_terminated,
 )
 from autotune.storage import display_url
 from autotune.studydef import StudyDefinition
@@ -122,7 +122,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     # SIGTERM (SLURM preemption, `timeout`, `docker stop`) stops the run like Ctrl-C does: here
     # until Ray is connected, then by the handler run() installs over Ray's own.
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         with RunView(console, budget_s=d.budget_s) as view:
             summary = run(req, emit=view)
@@ -135,11 +135,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"autotune: stopped early: {summary.stopped}", file=sys.stderr)
         return 1
     return 0
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    Terminated.received = True
-    raise Terminated()
 
 
 def _exported_line(path: Path) -> str:

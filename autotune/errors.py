@@ -20,6 +20,7 @@ __all__ = [
     "Terminated",
     "TrialFailed",
     "interrupted_by",
+    "raise_terminated",
 ]
 
 
@@ -105,6 +106,12 @@ class Terminated(KeyboardInterrupt):
     #: handler inside ``ray.get``/``ray.wait`` reaches the caller as a plain KeyboardInterrupt
     #: (seen in CI), so the type alone can lose which signal it was.
     received = False
+
+
+def raise_terminated(signum: int, frame: object) -> None:
+    """The SIGTERM handler of ``autotune run``: mark SIGTERM received, raise ``Terminated``."""
+    Terminated.received = True
+    raise Terminated()
 
 
 def interrupted_by(e: BaseException) -> str:

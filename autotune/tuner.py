@@ -37,6 +37,7 @@ from autotune.errors import (
     ConfigError,
     Terminated,
     interrupted_by,
+    raise_terminated,
 )
 from autotune.events import Emit, Note, ignore
 from autotune.export import export_profile
@@ -112,11 +113,11 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
     # 2. Ray and the ranks' placement groups.
     conn = connect(req.address, extra_pythonpath=os.getcwd())
     Terminated.received = False
-    previous = signal.signal(signal.SIGTERM, _terminate) if req.sigterm else None
+    previous = signal.signal(signal.SIGTERM, raise_terminated) if req.sigterm else None
     # Ray's core worker installs a handler of its own (it logs "SIGTERM received" and exits 1),
     # at a moment ray.init does not wait for (seen in CI): the search re-asserts this one from
     # the main thread before the baseline, between trials and while concurrent trials run.
-    tick = (lambda: signal.signal(signal.SIGTERM, _terminate)) if req.sigterm else None
+    tick = (lambda: signal.signal(signal.SIGTERM, raise_terminated)) if req.sigterm else None
     runners: list[TrialRunner] = []
     try:
         target, runners, hw, plan = _place(d, workload)
@@ -202,11 +203,6 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
         conn.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    Terminated.received = True
-    raise Terminated()
 
 
 def _cause(e: BaseException) -> BaseException:
