@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from collections.abc import Callable
 
 from autotune.studydef import StudyDefinition
 
@@ -46,12 +47,16 @@ def validation_plan(
 
 
 class Budget:
-    """The budget of ``definition`` (``budget_s``), from ``start()`` on."""
+    """The budget of ``definition`` (``budget_s``), from ``start()`` on, on ``clock`` (seconds;
+    the replay benchmark, ``autotune.replay``, passes a simulated one)."""
 
-    def __init__(self, definition: StudyDefinition) -> None:
+    def __init__(
+        self, definition: StudyDefinition, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.d = definition
         self.total_s = definition.budget_s
-        self.started = time.monotonic()
+        self.now = clock
+        self.started = clock()
         self._lock = threading.Lock()
         self._walls: list[float] = []  # wall seconds of each search trial
         # What a re-validation run of each measured trial would take (its overhead and
@@ -60,13 +65,13 @@ class Budget:
 
     def start(self) -> None:
         """The clock starts now (just before the first trial)."""
-        self.started = time.monotonic()
+        self.started = self.now()
 
     def left_s(self) -> float:
-        return self.total_s - (time.monotonic() - self.started)
+        return self.total_s - (self.now() - self.started)
 
     def elapsed_s(self) -> float:
-        return time.monotonic() - self.started
+        return self.now() - self.started
 
     def trial_done(self, wall_s: float, rerun_wall_s: float | None = None) -> None:
         """A search trial took ``wall_s``; a re-validation run of it would take
@@ -86,9 +91,28 @@ class Budget:
             run = statistics.median(self._rerun_walls) if self._rerun_walls else wall
         return validation_plan(self.d, self.total_s, run)
 
-    def room_for_another(self, *, to_revalidate: bool) -> bool:
+    def rerun_wall_s(self) -> float | None:
+        """What a short re-measurement run takes (None before any trial ended)."""
+        with self._lock:
+            if not self._walls:
+                return None
+            walls = self._rerun_walls or self._walls
+            return statistics.median(walls)
+
+    def ablation_rounds(self, knobs: int) -> int:
+        """Rounds of the ablation of a winner changing ``knobs`` knobs (the winner and one
+        variant per knob each round) that the budget left holds, at most the re-validation's
+        (``ablation.ablate`` needs 2)."""
+        run = self.rerun_wall_s()
+        plan = self.validation_plan()
+        if run is None or plan is None:
+            return 0
+        return min(plan[1], int(self.left_s() // ((knobs + 1) * run)))
+
+    def room_for_another(self, *, to_revalidate: bool, ablate: int = 0) -> bool:
         """Whether the budget left holds a typical trial and, when there is something to
-        re-validate (``to_revalidate``), the re-validation after it."""
+        re-validate (``to_revalidate``), the re-validation after it and the ablation of a
+        winner changing ``ablate`` knobs (the best so far)."""
         left = self.left_s()
         if left <= 0:
             return False
@@ -99,4 +123,6 @@ class Budget:
             run = statistics.median(self._rerun_walls) if self._rerun_walls else wall
         plan = validation_plan(self.d, self.total_s, run)
         runs = 0 if plan is None or not to_revalidate else (plan[0] + 1) * plan[1]
+        if runs and ablate >= 2:
+            runs += (ablate + 1) * plan[1]
         return left >= wall + run * runs

@@ -24,6 +24,7 @@ __all__ = [
     "Event",
     "Note",
     "Outcome",
+    "ScreeningDone",
     "StudyOpened",
     "TrialFinished",
     "TrialStarted",
@@ -137,8 +138,20 @@ class ValidationDone:
     reason: str = ""
 
 
+@dataclass(frozen=True, kw_only=True)
+class ScreeningDone:
+    """Every screening trial has ended (``autotune.screening``): each prior's measured effect,
+    and the labels combined into the next trial (empty: fewer than two helped)."""
+
+    effects: list[dict[str, Any]]
+    """Per prior: ``label``, ``trial``, ``state``, ``speedup`` (None unless COMPLETE),
+    ``interval`` of the trial's throughput, ``helps``."""
+    combined: list[str] = field(default_factory=list)
+
+
 Event = (
     Note
+    | ScreeningDone
     | StudyOpened
     | BudgetStarted
     | TrialStarted

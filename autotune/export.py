@@ -18,6 +18,7 @@ from autotune.durations import format_duration
 from autotune.errors import ConfigError
 from autotune.profile import Profile
 from autotune.study_record import (
+    anchors,
     baseline_trial,
     complete,
     counts,
@@ -27,7 +28,7 @@ from autotune.study_record import (
     validation,
 )
 
-__all__ = ["PARETO_RULE", "export_profile", "pareto_choice", "study_profile"]
+__all__ = ["PARETO_RULE", "export_profile", "pareto_choice", "screening_note", "study_profile"]
 
 
 #: How the profile of a throughput-and-memory study is chosen from its Pareto front.
@@ -62,8 +63,71 @@ def export_profile(
         from optuna_dashboard import save_note
 
         text = profile.to_yaml()
-        save_note(study, f"## Exported profile\n\n`{saved}`\n\n```yaml\n{text}```\n")
+        note_text = f"## Exported profile\n\n`{saved}`\n\n```yaml\n{text}```\n"
+        save_note(study, note_text + screening_note(study))
     return saved
+
+
+def screening_effects(study: optuna.Study) -> dict[str, dict[str, Any]]:
+    """The screening's effects as the profile records them: per prior, its speedup over the
+    defaults (None when it did not complete) and whether it helped. The study may be someone
+    else's: anything but numbers and flags is left out."""
+    raw = study.user_attrs.get("screening")
+    out: dict[str, dict[str, Any]] = {}
+    if not isinstance(raw, dict):
+        return out
+    for label, x in raw.items():
+        if not isinstance(label, str) or not isinstance(x, dict):
+            continue
+        sp = x.get("speedup")
+        ok = isinstance(sp, (int, float)) and not isinstance(sp, bool)
+        out[label] = {"speedup": sp if ok else None, "helps": x.get("helps") is True}
+    return out
+
+
+def ablation_of(study: optuna.Study, number: int) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The ablation of trial ``number`` as the profile records it (each changed knob: its
+    value, its share of the gain with the interval, kept or dropped) and the configuration it
+    leaves; None when that trial was not ablated. Someone else's record is read with care:
+    only numbers, flags and text pass."""
+    rec = study.user_attrs.get("ablation")
+    if not isinstance(rec, dict) or rec.get("trial") != number:
+        return None
+    raw = rec.get("contributions")
+    if not isinstance(raw, dict) or not isinstance(rec.get("config"), dict):
+        return None
+    out: dict[str, Any] = {}
+    for k, c in raw.items():
+        if not isinstance(k, str) or not isinstance(c, dict):
+            continue
+        sp = c.get("speedup")
+        nums = isinstance(sp, list) and all(isinstance(x, (int, float)) for x in sp)
+        entry: dict[str, Any] = {"kept": c.get("kept") is True}
+        if nums and len(sp) == 3:
+            entry["speedup"] = [round(float(x), 4) for x in sp]
+        if isinstance(c.get("why"), str):
+            entry["why"] = c["why"]
+        out[k] = entry
+    summary = {"rounds": rec.get("rounds"), "knobs": out, "together": rec.get("together") is True}
+    return summary, rec["config"]
+
+
+def screening_note(study: optuna.Study) -> str:
+    """The screening's knob effects as a Markdown table for the dashboard's note ('' when the
+    study was not screened)."""
+    effects = study.user_attrs.get("screening")
+    if not isinstance(effects, dict) or not effects:
+        return ""
+    rows = ["", "## Screening: each knob moved alone from the defaults", ""]
+    rows += ["| knob | trial | state | speedup | helps |", "| --- | --- | --- | --- | --- |"]
+    for x in effects.values():
+        if not isinstance(x, dict):
+            continue
+        sp = x.get("speedup")
+        shown = f"{sp:.3f}x" if isinstance(sp, (int, float)) else "-"
+        row = [x.get("label"), x.get("trial"), x.get("state"), shown, x.get("helps")]
+        rows.append("| " + " | ".join(str(v).replace("|", "/") for v in row) + " |")
+    return "\n".join(rows) + "\n"
 
 
 def study_profile(
@@ -116,6 +180,12 @@ def _study_profile(study: optuna.Study, *, budget_s: float | None, trial: int | 
         "budget": None if budget_s is None else format_duration(budget_s),
         "tuning_s": round(sum(t.user_attrs.get("wall_s", 0.0) for t in study.trials), 1),
     }
+    # every run of the defaults in the search (the first baseline, then the re-anchoring
+    # runs): how far the first one was from the others, and the machine's drift
+    measured["baseline_runs"] = [round(throughput(t), 2) for t in anchors(study)]
+    effects = screening_effects(study)
+    if effects:
+        measured["screening"] = effects
     if multi:
         measured["baseline_peak_memory_mb"] = None if base is None else base.values[1]
         measured["pareto"] = [
@@ -128,6 +198,7 @@ def _study_profile(study: optuna.Study, *, budget_s: float | None, trial: int | 
             for t in front
         ]
     checked = None if trial is not None or multi else validation(study)
+    ablated_config: dict[str, Any] | None = None
     if trial is not None:
         measured["validation"] = None
         measured["note"] = f"trial {trial}, chosen by hand (autotune export --trial)"
@@ -170,6 +241,10 @@ def _study_profile(study: optuna.Study, *, budget_s: float | None, trial: int | 
         )  # fmt: skip
         if not checked["beats_baseline"]:
             measured["note"] = checked["reason"]
+        else:
+            ablated = ablation_of(study, best.number)
+            if ablated is not None:
+                measured["ablation"], ablated_config = ablated
     else:
         measured["validation"] = None
         if base is not None and best.number == base.number:
@@ -181,7 +256,9 @@ def _study_profile(study: optuna.Study, *, budget_s: float | None, trial: int | 
             )
     rec = record(study)
     where = f"study {study.study_name!r} trial {best.number}"
-    config = TrialConfig.from_dict(best.user_attrs.get("config"), where=where)
+    config = TrialConfig.from_dict(
+        ablated_config or best.user_attrs.get("config"), where=f"{where} (ablated)"
+    )
     if not isinstance(rec.get("workload"), dict) or not isinstance(rec.get("hardware"), dict):
         raise ConfigError(f"study {study.study_name!r}: its autotune record lacks workload or "
                           f"hardware; not a study autotune wrote")  # fmt: skip

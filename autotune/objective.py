@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from typing import Any
 
 import optuna
@@ -39,14 +38,17 @@ from autotune.measure import Measurer
 from autotune.numerics import changes_numerics, drift
 from autotune.results import TrialResult
 from autotune.space import ResolvedSpace
+from autotune.stats import Interval
 from autotune.study_record import (
     DRIVER,
+    anchors,
     baseline_trial,
     baseline_value,
     incumbent,
     measurement_attrs,
     record_failure,
     tag,
+    throughput,
 )
 from autotune.studydef import StudyDefinition
 
@@ -78,13 +80,18 @@ class Objective:
         self.interrupted_by = "Ctrl-C"
 
     def __call__(self, trial: optuna.Trial) -> float | tuple[float, float]:
-        t0 = time.monotonic()
+        t0 = self.budget.now()
         trial.set_user_attr("driver", DRIVER)
         values = self.space.suggest(trial)
         config = TrialConfig.from_values(values, self.space.target)
         trial.set_user_attr("config", config.to_dict())
         is_baseline = bool(trial.user_attrs.get("baseline"))
         baseline = baseline_value(self.study)
+        # a run of the defaults after the first baseline: it re-anchors speedups, and failing
+        # is a trial's failure, not the run's
+        is_anchor = is_baseline and baseline is not None
+        runs = anchors(self.study)
+        reference = throughput(runs[-1]) if runs else None  # the defaults nearest so far
         changes = changed_knobs(trial.params, self.space.defaults())
         self.emit(TrialStarted(tag=tag(trial), changes=changes))
         try:
@@ -94,7 +101,7 @@ class Objective:
             # Pruning compares throughput only: it would cut memory-lean configurations short
             # in a multi-objective study, and Optuna has no pruning there.
             prune = not (is_baseline or self.d.multi_objective)
-            result = self.measure(trial.number, config, incumbent(self.study) if prune else None)
+            result = self.measure(trial.number, config, self._bar(trial) if prune else None)
         except KeyboardInterrupt as e:
             # Optuna records the trial FAIL and re-raises; the runner has killed its ranks.
             by = interrupted_by(e)
@@ -109,18 +116,20 @@ class Objective:
                 failure = TrialFailed(
                     FailureReason.INTERRUPTED, f"{self.interrupted_by} during the trial"
                 )
-            wall = time.monotonic() - t0
+            wall = self.budget.now() - t0
             trial.set_user_attr("wall_s", round(wall, 3))
             self.budget.trial_done(wall)
             self._fail(trial, failure, changes)
-            if is_baseline:
+            if is_baseline and not is_anchor:
                 raise BaselineFailed(
                     f"the baseline trial (PyTorch defaults) failed: {failure}; the workload "
                     f"must run with the defaults before it can be tuned"
                 ) from None
             raise failure from None
         # None: another driver's baseline is not measured yet (a shared study's first minutes)
-        speedup = 1.0 if is_baseline else result.throughput / baseline if baseline else None
+        # an anchor's speedup is its drift from the first baseline
+        ref = baseline if is_baseline else reference
+        speedup = 1.0 if is_baseline and not is_anchor else result.throughput / ref if ref else None
         attrs = measurement_attrs(result, speedup, tokens_per_sample=self.tokens_per_sample)
         drifted = None if is_baseline else self._drift(config, attrs)
         for k, v in attrs.items():
@@ -130,7 +139,7 @@ class Objective:
                 trial.report(w, i)  # the dashboard's intermediate values: one per window
         per_window = result.window_s / len(result.windows)
         self.budget.trial_done(
-            time.monotonic() - t0, result.overhead_s + self.d.measure.min_windows * per_window
+            self.budget.now() - t0, result.overhead_s + self.d.measure.min_windows * per_window
         )
         if drifted is not None:  # over pruning too: the more telling verdict
             self._fail(trial, drifted, changes)
@@ -143,6 +152,15 @@ class Objective:
         if self.d.multi_objective:
             return result.throughput, result.peak_memory_mb
         return result.throughput
+
+    def _bar(self, trial: optuna.Trial) -> Interval | None:
+        """The interval a trial is pruned below: the incumbent's; for a screening trial the
+        baseline's, since screening asks whether a knob beats the defaults, not the best."""
+        if "screen" in trial.user_attrs:
+            base = baseline_trial(self.study)
+            if base is not None and "interval" in base.user_attrs:
+                return Interval.from_dict(base.user_attrs["interval"])
+        return incumbent(self.study)
 
     def _finished(
         self, trial: optuna.Trial, result: TrialResult, speedup: float | None, changes: dict

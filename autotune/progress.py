@@ -109,6 +109,8 @@ class RunView:
             return [_trial_line(e)]
         if isinstance(e, ev.StudyOpened):
             return _study_lines(e)
+        if isinstance(e, ev.ScreeningDone):
+            return _screening_lines(e)
         if isinstance(e, ev.ValidationStarted):
             return [
                 Text(
@@ -187,6 +189,28 @@ def _study_lines(e: ev.StudyOpened) -> list[Text]:
                 f"{', '.join(map(str, e.closed))} (FAIL, reason interrupted)"
             )
         )
+    return lines
+
+
+def _screening_lines(e: ev.ScreeningDone) -> list[Text]:
+    """Each screened knob's effect alone, best first, and what is combined next."""
+    lines = [Text("Screening: each knob moved alone from the defaults")]
+    ranked = sorted(e.effects, key=lambda x: -(x["speedup"] or 0.0))
+    for x in ranked:
+        if x["speedup"] is None:
+            lines.append(Text(f"  {x['label']:<30} {x['state'].lower()}", style="dim"))
+            continue
+        ci = x.get("interval") or {}
+        pm = 100 * ci.get("rel_half_width", 0.0) if isinstance(ci, dict) else 0.0
+        if x["helps"]:
+            mark = ("helps", "green")
+        elif x["state"] == "PRUNED":
+            mark = ("clearly below the defaults (pruned)", "dim")
+        else:
+            mark = ("no gain beyond the noise", "dim")
+        lines.append(Text.assemble(f"  {x['label']:<30} {x['speedup']:5.2f}x ±{pm:.1f}%  ", mark))
+    if e.combined:
+        lines.append(Text(f"Next: the helpful knobs combined ({', '.join(e.combined)})"))
     return lines
 
 

@@ -24,7 +24,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import ConfigError
-from autotune.export import study_profile
+from autotune.export import screening_effects, study_profile
 from autotune.knobs import changed_knobs
 from autotune.study_record import (
     baseline_trial,
@@ -55,6 +55,11 @@ class Figure:
 class Report:
     study: optuna.Study
     figures: list[Figure] = field(default_factory=list)
+
+
+#: Fewest distinct COMPLETE trials for the parameter-importance figure: below it the ranking is
+#: noise (a report of 6 trials ranked bucket_cap_mb first while bf16 was the lever).
+MIN_IMPORTANCE_TRIALS = 10
 
 
 def _speedup(t: FrozenTrial) -> float:
@@ -122,8 +127,13 @@ def _why_not(study: optuna.Study, fn: str) -> str | None:
         return None if study.trials else "the study has no trials"
     if not done:
         return "no COMPLETE trial yet"
-    if fn == "plot_param_importances" and len({tuple(sorted(t.params.items())) for t in done}) < 2:
-        return "needs at least two COMPLETE trials with different parameters"
+    distinct = len({tuple(sorted(t.params.items())) for t in done})
+    if fn == "plot_param_importances" and distinct < MIN_IMPORTANCE_TRIALS:
+        return (
+            f"needs at least {MIN_IMPORTANCE_TRIALS} COMPLETE trials with different parameters "
+            f"(this study has {distinct}; fewer rank noise); the screening table measures each "
+            f"knob alone"
+        )
     return None
 
 
@@ -318,6 +328,19 @@ def _html(report: Report) -> str:
             best_rows,
         ),
     ]
+    effects = screening_effects(study)
+    if effects:
+        ranked_fx = sorted(effects.items(), key=lambda kv: -(kv[1]["speedup"] or 0.0))
+        parts.append("<h2>Screening: each knob moved alone from the defaults</h2>")
+        parts.append(
+            _table(
+                ["knob", "speedup vs the defaults", "helps"],
+                [
+                    [k, _fmt(x["speedup"], ".3f"), "yes" if x["helps"] else "no"]
+                    for k, x in ranked_fx
+                ],
+            )  # fmt: skip
+        )
     for fig in report.figures:
         parts.append(f'<h2 id="{fig.name}">{e(fig.title)}</h2>')
         if fig.plotly is None:

@@ -25,23 +25,28 @@ from optuna.trial import TrialState
 from autotune.budget import Budget
 from autotune.errors import TrialFailed, interrupted_by
 from autotune.events import BudgetStarted, Emit, Note
+from autotune.knobs import changed_knobs
 from autotune.launcher import TrialRunner
 from autotune.measure import Measurer
 from autotune.objective import Objective
+from autotune.screening import Screening
 from autotune.space import ResolvedSpace
 from autotune.study_record import (
     baseline_trial,
     baseline_value,
     baselines,
     complete,
+    enqueue_anchor,
     enqueue_baseline,
     throughput,
 )
 
-__all__ = ["BASELINE_POLL_S", "Search"]
+__all__ = ["ANCHOR_EVERY", "BASELINE_POLL_S", "Search"]
 
 #: Seconds between looks at a baseline another driver is running.
 BASELINE_POLL_S = 2.0
+#: Trials between two runs of the defaults (``Search._reanchor``).
+ANCHOR_EVERY = 10
 
 
 class Search:
@@ -69,7 +74,15 @@ class Search:
         #: Called from the main thread before the baseline, between trials and while waiting
         #: for concurrent trials (``tuner`` re-asserts its SIGTERM handler there).
         self.tick = tick or (lambda: None)
+        d = objective.d
+        self.screening = Screening(study, space) if d.screening and d.sampler != "grid" else None
         self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._finished = 0  # trials this invocation ran to an end
+        self._stale = 0  # of them, in a row, not better than the best before them
+        self._best: float | None = None
+        self.stop_reason: str | None = None
+        """Why the search stopped before its budget (``--n-trials``, ``--patience``)."""
 
     def run(self) -> None:
         """Search until the budget is spent (or a trial stops the run by raising)."""
@@ -79,6 +92,11 @@ class Search:
         self.emit(BudgetStarted(budget_s=self.budget.total_s))
         if not self._baseline_first():
             return
+        with self._lock:  # a resumed study: --patience counts from the best it already has
+            self._best = max((throughput(t) for t in complete(self.study)), default=None)
+        if not self._room_for_another():  # the baseline was all --n-trials allows
+            return
+        self._queue_next()
         if len(self.runners) == 1:
             self.study.optimize(
                 self.objective,
@@ -117,24 +135,74 @@ class Search:
                 enqueue_baseline(self.study, self.space)
         return True
 
+    def _count(self, trial: optuna.trial.FrozenTrial) -> None:
+        """``trial`` has ended: count it for ``--n-trials`` and ``--patience``."""
+        value = trial.values[0] if trial.state == TrialState.COMPLETE and trial.values else None
+        with self._lock:
+            self._finished += 1
+            if value is not None and (self._best is None or value > self._best):
+                self._best, self._stale = value, 0
+            elif not trial.user_attrs.get("baseline"):
+                self._stale += 1
+
+    def _limit_reached(self) -> bool:
+        d = self.objective.d
+        with self._lock:
+            if d.n_trials is not None and self._finished >= d.n_trials:
+                self.stop_reason = f"--n-trials {d.n_trials}: {self._finished} trials run"
+            elif d.patience is not None and self._stale >= d.patience:
+                self.stop_reason = (
+                    f"--patience {d.patience}: {self._stale} trials in a row did not beat the best"
+                )
+            return self.stop_reason is not None
+
     def _room_for_another(self) -> bool:
         """Whether the budget holds another trial (and, once some trial beat the baseline,
-        the re-validation after it)."""
-        if self.budget.left_s() <= 0:
+        the re-validation after it), and no trial limit is reached."""
+        if self.budget.left_s() <= 0 or self._limit_reached():
             return False  # before asking the storage anything
         base = baseline_value(self.study)
-        above = base is not None and any(throughput(t) > base for t in complete(self.study))
-        return self.budget.room_for_another(to_revalidate=above)
+        done = complete(self.study)
+        above = base is not None and any(throughput(t) > base for t in done)
+        best = max(done, key=throughput, default=None)
+        ablate = 0
+        if best is not None and self.objective.d.ablate:
+            ablate = len(changed_knobs(best.params, self.space.baseline_params()))
+        return self.budget.room_for_another(to_revalidate=above, ablate=ablate)
 
     def _between_trials(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         """Stop before a trial that the budget left cannot hold; raise ClusterLost before one
         the cluster has no room for (so no trial is asked for in vain)."""
         if threading.current_thread() is threading.main_thread():
             self.tick()
+        self._count(trial)
         if not self._room_for_another():
             study.stop()
             return
+        self._queue_next()
         self.measure.runner.ensure_placed()
+
+    def _queue_next(self) -> None:
+        """Queue the designed start's next trial, or a run of the defaults when one is due
+        (only once another trial is known to fit: nothing is left queued by a stop)."""
+        if self.screening is not None:
+            done = self.screening.step()
+            if done is not None:
+                self.emit(done)
+        self._reanchor()
+
+    def _reanchor(self) -> None:
+        """Queue a run of the defaults when ``ANCHOR_EVERY`` trials have ended since the last:
+        speedups are taken against the defaults measured nearest in time, so neither a cold
+        first baseline nor the slow drift of a shared machine biases them."""
+        with self._lock:
+            trials = self.study.get_trials(deepcopy=False)
+            marked = [t.number for t in trials if t.user_attrs.get("baseline")]
+            if any(not t.state.is_finished() for t in trials if t.user_attrs.get("baseline")):
+                return  # one is queued or running
+            since = [t for t in trials if t.number > max(marked, default=-1)]
+            if sum(t.state.is_finished() for t in since) >= ANCHOR_EVERY:
+                enqueue_anchor(self.study, self.space, f"every {ANCHOR_EVERY} trials")
 
     def _concurrently(self) -> None:
         """One thread per runner, each running one trial after another until the budget or a

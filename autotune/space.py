@@ -38,6 +38,7 @@ from autotune.errors import ConfigError
 from autotune.knobs import KNOBS, SECTIONS, Target, illegal_combination
 
 __all__ = [
+    "contains",
     "Dropped",
     "ResolvedSpace",
     "SearchSpace",
@@ -132,7 +133,8 @@ def distribution_to_yaml(dist: BaseDistribution) -> dict[str, Any]:
     raise TypeError(f"unsupported distribution {dist!r}")
 
 
-def _contains(dist: BaseDistribution, value: Any) -> bool:
+def contains(dist: BaseDistribution, value: Any) -> bool:
+    """Whether ``value`` is one of ``dist``'s values."""
     if isinstance(dist, CategoricalDistribution):
         return any(type(c) is type(value) and c == value for c in dist.choices)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -230,13 +232,13 @@ class SearchSpace:
             dropped += lost
             default = knob.default_for(target)
             micro = name == "micro_batch" and isinstance(dist, CategoricalDistribution)
-            if micro and not _contains(dist, default):  # accumulation 1 is always a candidate
+            if micro and not contains(dist, default):  # accumulation 1 is always a candidate
                 dist = CategoricalDistribution(sorted([*dist.choices, default]))
             values = _values(dist)
             if values is not None and len(values) == 1:
                 dropped.append(Dropped(name, f"only {values[0]!r} is possible here"))
                 continue
-            if not _contains(dist, default):
+            if not contains(dist, default):
                 raise ConfigError(
                     f"search space {self.source or self.name}: {knob.section}.{name} must "
                     f"contain the default {default!r} (the baseline trial is a point of the "

@@ -38,8 +38,12 @@ __all__ = [
     "ATTR",
     "DRIVER",
     "METRICS",
+    "anchored_speedup",
+    "anchors",
     "baseline_trial",
     "baseline_value",
+    "enqueue_anchor",
+    "nearest_anchor",
     "baselines",
     "close_abandoned_trials",
     "complete",
@@ -143,6 +147,31 @@ def baseline_value(study: optuna.Study) -> float | None:
     return None if t is None else throughput(t)
 
 
+def anchors(study: optuna.Study) -> list[FrozenTrial]:
+    """Every measured run of the defaults: the baseline and the re-anchoring runs after it."""
+    return [t for t in complete(study) if t.user_attrs.get("baseline")]
+
+
+def nearest_anchor(study: optuna.Study, t: FrozenTrial) -> FrozenTrial | None:
+    """The run of the defaults measured nearest in time to ``t``: the machine drifts, so a
+    trial is compared with the defaults as they ran around it. Nearness is counted in trials
+    (numbers follow start order, concurrent trials included; trials take similar times), the
+    earlier of two equally near: the same study always gives the same answer."""
+    runs = anchors(study)
+    return min(runs, key=lambda a: (abs(a.number - t.number), a.number)) if runs else None
+
+
+def anchored_speedup(study: optuna.Study, t: FrozenTrial) -> float | None:
+    """``t``'s throughput over that of the run of the defaults nearest to it in time."""
+    a = nearest_anchor(study, t)
+    return None if a is None else throughput(t) / throughput(a)
+
+
+def enqueue_anchor(study: optuna.Study, space: ResolvedSpace, why: str) -> None:
+    """Queue another run of the defaults (a baseline run after the first: ``anchor``)."""
+    study.enqueue_trial(space.baseline_params(), user_attrs={"baseline": True, "anchor": why})
+
+
 def counts(study: optuna.Study) -> dict[str, int]:
     """Trials by state: complete, failed, pruned, and their total."""
     out = {"complete": 0, "failed": 0, "pruned": 0}
@@ -174,7 +203,10 @@ def incumbent(study: optuna.Study) -> Interval | None:
 
 
 def tag(trial: optuna.Trial | FrozenTrial) -> str:
-    """How the log names a trial: ``baseline`` or ``trial N``."""
+    """How the log names a trial: ``baseline``, ``re-anchor`` (the defaults again) or
+    ``trial N``."""
+    if trial.user_attrs.get("anchor"):
+        return "re-anchor"
     return "baseline" if trial.user_attrs.get("baseline") else f"trial {trial.number}"
 
 
@@ -232,12 +264,14 @@ def open_study(
     space: ResolvedSpace,
     global_batch: int,
     hw: dict[str, Any],
+    storage: optuna.storages.BaseStorage | None = None,
 ) -> tuple[optuna.Study, StudyOpened]:
-    """Create the study ``name`` in ``url``, or resume it when its objectives and workload are
-    this run's; record workload, hardware and space on it; close trials a dead driver left
-    RUNNING; queue a baseline when none is measured or in flight."""
+    """Create the study ``name`` in ``url`` (or in ``storage``, already open), or resume it
+    when its objectives and workload are this run's; record workload, hardware and space on
+    it; close trials a dead driver left RUNNING; queue a baseline when none is measured or in
+    flight."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = storage_mod.open_storage(url)
+    storage = storage or storage_mod.open_storage(url)
     sampler = make_sampler(d.sampler, d.seed, space.grid() if d.sampler == "grid" else None)
     workload = {
         "trainer": d.trainer,

@@ -107,7 +107,29 @@ class StudyDefinition:
         help="wall-clock time one invocation may launch trials for, e.g. 90s, 10m, 2h, 1h30m; "
         "running it again resumes the same study with a fresh budget and keeps its trials",
     )
+    n_trials: int | None = setting(
+        None,
+        Whole(low=1),
+        metavar="N",
+        unset="no limit",
+        help="stop launching trials after N trials of this invocation (the baseline and failed "
+        "trials count), or when the budget is spent, whichever comes first",
+    )
+    patience: int | None = setting(
+        None,
+        Whole(low=1),
+        metavar="N",
+        unset="never",
+        help="stop launching trials once N trials in a row have not beaten the best so far",
+    )
     sampler: str = setting("tpe", Choice(options=SAMPLERS), help="the Optuna sampler")
+    screening: bool = setting(
+        True,
+        Switch(),
+        help="start with the designed screening (each high-prior knob moved alone from the "
+        "defaults, then the helpful ones combined) before the sampler proposes trials",
+    )
+
     seed: int | None = setting(None, Whole(), unset="none", help="sampler and data seed")
     trial_timeout_s: float | None = setting(
         None,
@@ -141,6 +163,12 @@ class StudyDefinition:
         Whole(low=2),
         metavar="R",
         help="interleaved rounds of that re-measurement, each measuring every candidate once",
+    )
+    ablate: bool = setting(
+        True,
+        Switch(),
+        help="after re-validation, measure the winner without each knob it changes and keep "
+        "only the knobs whose removal costs more than the noise",
     )
     free_batch: bool = setting(
         False,

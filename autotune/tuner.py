@@ -11,7 +11,9 @@
 5. search until the budget is spent (``search.Search`` over ``objective.Objective``, the
    budget kept by ``budget.Budget``); failed trials are FAIL with a reason, the run goes on;
 6. re-validate the best few against the baseline, interleaved (``validation.revalidate``);
-7. export the profile (``export.export_profile``), also when Ctrl-C, SIGTERM, a lost cluster,
+7. ablate the winner: keep only the knobs whose removal costs more than the noise
+   (``ablation.ablate``);
+8. export the profile (``export.export_profile``), also when Ctrl-C, SIGTERM, a lost cluster,
    a failing storage or any other error stopped the run before its budget.
 
 Everything the run has to say goes out as events (``autotune.events``) to ``emit``.
@@ -29,6 +31,7 @@ from typing import Any
 import optuna
 
 from autotune import storage as storage_mod
+from autotune.ablation import ablate
 from autotune.budget import Budget
 from autotune.cluster import RankPlan, connect, plan_ranks
 from autotune.errors import (
@@ -161,20 +164,32 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
             tick=tick,
         )
         summary = RunSummary(study_name=name, storage_url=storage_url, profile_path=None)
-        # 5-7 in a try whose end always exports: whatever stops the search (Ctrl-C, SIGTERM,
+        # 5-8 in a try whose end always exports: whatever stops the search (Ctrl-C, SIGTERM,
         # a lost cluster, a locked or lost storage, a full disk, a bug), the best profile so far
         # is written and the reason reported.
         try:
             # 5. Trials until the budget is spent.
             search.run()
+            if search.stop_reason:
+                emit(Note(f"Stopped before the budget: {search.stop_reason}"))
             # 6. Re-measure the best few against the baseline, interleaved.
-            revalidate(
+            checked = revalidate(
                 study=study,
                 definition=d,
                 plan=budget.validation_plan(),
                 measure=measure,
                 emit=emit,
                 defaults=resolved.defaults(),
+            )
+            # 7. Keep only the knobs of the winner that carry its gain.
+            ablate(
+                study=study,
+                definition=d,
+                space=resolved,
+                validation=checked,
+                budget=budget,
+                measure=measure,
+                emit=emit,
             )
         except KeyboardInterrupt as e:
             summary.interrupted = True
@@ -194,7 +209,7 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
             cause = _cause(e)
             summary.stopped = f"{type(cause).__name__}: {first_line(str(cause))}"
             emit(Note(f"Stopped by an error: {summary.stopped}; exporting the best profile so far"))
-        # 7. The profile.
+        # 8. The profile.
         _export(summary, study, profile_path, d.budget_s)
         return summary
     finally:

@@ -28,23 +28,25 @@ from autotune.events import (
 from autotune.knobs import changed_knobs
 from autotune.measure import Measurer
 from autotune.stats import choose, interleave
-from autotune.study_record import baseline_trial, complete, throughput
+from autotune.study_record import anchored_speedup, baseline_trial, complete
 from autotune.studydef import StudyDefinition
 
 __all__ = ["candidates", "revalidate"]
 
 
 def candidates(study: optuna.Study, top: int) -> dict[str, optuna.trial.FrozenTrial]:
-    """The ``top`` fastest COMPLETE trials above the baseline, one per configuration, by key
-    ``trial N``."""
+    """The ``top`` COMPLETE trials fastest against the defaults measured nearest to each in
+    time (``study_record.anchored_speedup``) and above them, one per configuration, by key
+    ``trial N``; never the defaults themselves."""
     base = baseline_trial(study)
     if base is None:
         return {}
     out: dict[str, optuna.trial.FrozenTrial] = {}
-    seen = set()
-    for t in sorted(complete(study), key=lambda t: -throughput(t)):
+    seen = {tuple(sorted(base.params.items()))}
+    speedups = {t.number: anchored_speedup(study, t) or 0.0 for t in complete(study)}
+    for t in sorted(complete(study), key=lambda t: -speedups[t.number]):
         key = tuple(sorted(t.params.items()))
-        if t.number == base.number or key in seen or throughput(t) <= throughput(base):
+        if t.user_attrs.get("baseline") or key in seen or speedups[t.number] <= 1.0:
             continue
         seen.add(key)
         out[f"trial {t.number}"] = t

@@ -7,9 +7,9 @@ exhaustive grid (the oracle), on one workload, at one budget, in one invocation.
 
 What it does, in order (one local Ray instance for all of it):
 
-1. For each seed: ``autotune run`` with the TPE sampler (this tuner, as shipped) and with
-   Optuna's RandomSampler, at the same budget, same study definition, same measurement
-   protocol, pruning and re-validation. Each exports its profile.
+1. For each seed: ``autotune run`` as shipped (the designed screening, then TPE) and with
+   Optuna's RandomSampler and no screening, at the same budget, same study definition, same
+   measurement protocol, pruning, re-validation and ablation. Each exports its profile.
 2. The oracle: Optuna's GridSampler over every point of a reduced space
    (``bench/oracle_space.yaml``: bucket size, gradient_as_bucket_view, static_graph,
    micro-batch, bf16 autocast). The oracle's candidates are its exported profile and its three
@@ -249,9 +249,11 @@ def collect(a: argparse.Namespace, out: Path) -> dict[str, Any]:
 
     conn = connect(a.address, extra_pythonpath=os.getcwd())
     try:
+        # this tuner as shipped (its sampler and designed start); random search without them
         plan = [
             (f"{'tuner' if s == 'tpe' else 'random'}-s{seed}", {"sampler": s, "seed": seed,
-             "budget_s": budget}) for seed in range(a.seeds) for s in ("tpe", "random")
+             "budget_s": budget, "screening": s == "tpe"})
+            for seed in range(a.seeds) for s in ("tpe", "random")
         ]  # fmt: skip
         plan.append(("oracle", {"sampler": "grid", "seed": 0, "space": a.oracle_space,
                                 "budget_s": parse_duration(a.oracle_budget)}))  # fmt: skip

@@ -56,3 +56,26 @@ def finished_run(ray_address, tmp_path_factory):
     )
     url = f"sqlite:///{home / 'autotune.db'}"
     return {"env": env, "home": home, "url": url, "stdout": p.stdout, "address": ray_address}
+
+
+def runs_of_the_defaults(trials) -> list[int]:
+    """The numbers of the trials that ran the defaults: the first baseline, then the
+    re-anchoring runs (each marked ``anchor``); asserts that shape."""
+    marked = [t.number for t in trials if t.user_attrs.get("baseline")]
+    assert marked and not trials[marked[0]].user_attrs.get("anchor"), marked
+    assert all(trials[n].user_attrs.get("anchor") for n in marked[1:]), marked
+    assert all(trials[n].params == trials[marked[0]].params for n in marked), marked
+    return marked
+
+
+def reference(trials, t) -> float:
+    """The throughput a trial's speedup is taken against: the latest run of the defaults that
+    completed before it (for a run of the defaults itself, the first baseline)."""
+    done = [
+        s for s in trials
+        if s.user_attrs.get("baseline") and "throughput" in s.user_attrs and s.number < t.number
+        and s.state.name == "COMPLETE"
+    ]  # fmt: skip
+    if t.user_attrs.get("baseline"):
+        return done[0].user_attrs["throughput"]
+    return done[-1].user_attrs["throughput"]

@@ -87,8 +87,14 @@ def png_shape(path):
     return matplotlib.image.imread(path).shape
 
 
+#: Ten distinct configurations: enough for the parameter-importance figure.
+MANY = RESULTS + [
+    ({"bucket_cap_mb": float(b), "static_graph": b % 2 == 0}, 400.0 + 9 * b) for b in range(2, 8)
+]
+
+
 def test_report_draws_every_figure_as_png_and_in_the_page(tmp_path):
-    written = report.write(report.build(study_with(RESULTS, FAILURES)), tmp_path)
+    written = report.write(report.build(study_with(MANY, FAILURES)), tmp_path)
     names = {p.name for p in written}
     expected = {"history", "speedup", "importances", "by_parameter", "timeline", "failures"}
     assert names == {"report.html"} | {f"{n}.png" for n in expected}
@@ -132,8 +138,18 @@ def test_figures_that_cannot_be_drawn_say_why_and_write_no_png(tmp_path):
     assert not (tmp_path / "failures.png").exists()
     assert (tmp_path / "history.png") in written
     page = (tmp_path / "report.html").read_text()
-    assert "Not drawn: needs at least two COMPLETE trials with different parameters." in page
     assert "Not drawn: no trial failed." in page
+
+
+def test_parameter_importances_are_not_drawn_from_a_few_noisy_trials(tmp_path):
+    report.write(report.build(study_with(RESULTS)), tmp_path)
+    assert not (tmp_path / "importances.png").exists()
+    page = (tmp_path / "report.html").read_text()
+    assert (
+        "Not drawn: needs at least 10 COMPLETE trials with different parameters (this study "
+        in page
+    )
+    assert "has 4; fewer rank noise)" in page
 
 
 def test_multi_objective_study_gets_a_pareto_front(tmp_path):

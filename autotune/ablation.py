@@ -1,0 +1,161 @@
+"""Ablation: a profile that changes only what helps.
+
+The re-validated winner changes several knobs at once; some carry the gain, others ride along
+(and some, such as bf16 or gradient compression, change numerics for nothing). After
+re-validation, ``ablate`` measures the winner against the winner with each changed knob set
+back to its default, interleaved as re-validation is (``stats.interleave``: every variant
+once per round, short runs), and takes each knob's contribution as the paired ratio
+winner / winner-without-it with its 95 % interval (``stats.speedup_ci``).
+
+A knob is kept when its interval lies above 1 (removing it costs more than the noise); the
+others go back to their defaults in the exported profile. When no knob passes on its own
+while the winner beat the defaults, the knobs act together: all are kept and the record says
+so. A knob that cannot be removed alone (the rest would be illegal) is kept. Runs that fail
+drop their variant (its knob is kept).
+
+Called from the main thread after re-validation, on the first placement group; the record
+(study user attribute ``ablation``) is read by ``export``. Rounds are what the budget left
+holds (at least 2), at most the re-validation's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import optuna
+
+from autotune.budget import Budget
+from autotune.config import TrialConfig
+from autotune.errors import TrialFailed
+from autotune.events import Emit, Note, ValidationRun
+from autotune.knobs import changed_knobs
+from autotune.measure import Measurer
+from autotune.space import ResolvedSpace
+from autotune.stats import interleave, speedup_ci
+from autotune.studydef import StudyDefinition
+
+__all__ = ["ablate", "variants"]
+
+WINNER = "winner"
+#: The confidence of the interval a knob's contribution must lie above 1 in to be kept.
+CONFIDENCE = 0.95
+
+
+def variants(space: ResolvedSpace, params: dict[str, Any]) -> dict[str, dict[str, Any] | str]:
+    """For each knob ``params`` changes from the defaults: the params without it (that knob,
+    and the children it switched on, at their defaults), or why it cannot be removed alone."""
+    defaults = space.defaults()
+    out: dict[str, dict[str, Any] | str] = {}
+    for name in changed_knobs(params, {n: defaults[n] for n in params}):
+        values = space.values_from_params(params)
+        values[name] = defaults[name]
+        illegal = space.illegal(values)
+        out[name] = illegal if illegal else {n: values[n] for n in space.active(values)}
+    return out
+
+
+def ablate(
+    *,
+    study: optuna.Study,
+    definition: StudyDefinition,
+    space: ResolvedSpace,
+    validation: dict[str, Any] | None,
+    budget: Budget,
+    measure: Measurer,
+    emit: Emit,
+) -> dict[str, Any] | None:
+    """Ablate the re-validated winner (see the module doc); store and return the record. None
+    with ``--no-ablate``, when nothing was validated, the winner changes fewer than two knobs,
+    or the budget left holds fewer than two rounds."""
+    if not definition.ablate or not validation or not validation.get("beats_baseline"):
+        return None
+    number = validation["trials"][validation["winner"]]
+    winner = study.trials[number]
+    options = variants(space, dict(winner.params))
+    removable = {k: p for k, p in options.items() if isinstance(p, dict)}
+    if len(options) < 2 or not removable:
+        return None
+    rounds = budget.ablation_rounds(len(removable))
+    if rounds < 2:
+        emit(Note("No budget left to ablate the winner: every knob it changes is kept"))
+        return None
+    keys = [WINNER, *(f"without {k}" for k in removable)]
+    configs = {WINNER: TrialConfig.from_dict(winner.user_attrs["config"])}
+    for k, p in removable.items():
+        configs[f"without {k}"] = TrialConfig.from_values(space.values_from_params(p), space.target)
+    order = interleave(keys, rounds)
+    emit(
+        Note(
+            f"Ablating trial {number}: each of its {len(removable)} changed knobs set back to "
+            f"its default, {rounds} interleaved rounds ({len(order)} runs)"
+        )
+    )
+    m = definition.measure
+    short = replace(m, max_windows=m.min_windows)
+    runs: dict[str, list[float]] = {k: [] for k in keys}
+    failed: dict[str, str] = {}
+    timed_s = 0.0
+    for key in order:
+        if key in failed:
+            continue
+        try:
+            result = measure(number, configs[key], measure=short)
+        except TrialFailed as e:
+            failed[key] = f"{e.reason}: {e.detail}"
+            emit(ValidationRun(key=key, failure=failed[key]))
+            if key == WINNER:
+                emit(Note("The winner failed during ablation: every knob it changes is kept"))
+                return None
+            continue
+        runs[key].append(result.throughput)
+        timed_s += result.window_s
+        ci = result.interval
+        emit(ValidationRun(key=key, throughput=ci.median, rel_half_width=ci.rel_half_width))
+    contributions: dict[str, dict[str, Any]] = {}
+    for k, p in options.items():
+        key = f"without {k}"
+        entry: dict[str, Any] = {"value": winner.params[k]}
+        if isinstance(p, str):
+            entry.update(kept=True, why=f"cannot be removed alone: {p}")
+        elif key in failed:
+            entry.update(kept=True, why=f"the variant without it failed ({failed[key]})")
+        else:
+            pairs = [(a, b) for a, b in zip(runs[WINNER], runs[key], strict=False)]
+            sp = speedup_ci([a for a, _ in pairs], [b for _, b in pairs], CONFIDENCE)
+            entry.update(speedup=[sp.low, sp.median, sp.high], kept=sp.low > 1.0)
+        contributions[k] = entry
+    together = not any(c["kept"] for c in contributions.values())
+    if together:
+        for c in contributions.values():
+            c["kept"] = True
+    dropped = [k for k, c in contributions.items() if not c["kept"]]
+    values = space.values_from_params(dict(winner.params))
+    defaults = space.defaults()
+    for k in dropped:
+        values[k] = defaults[k]
+    params = {n: values[n] for n in space.active(values)}
+    record = {
+        "trial": number,
+        "rounds": rounds,
+        "order": order,
+        "measurements": {k: [round(x, 2) for x in xs] for k, xs in runs.items()},
+        "contributions": contributions,
+        "dropped": dropped,
+        "together": together,
+        "params": params,
+        "config": TrialConfig.from_values(values, space.target).to_dict(),
+        "timed_s": round(timed_s, 3),
+    }
+    study.set_user_attr("ablation", record)
+    for k, c in contributions.items():
+        if "speedup" in c:
+            low, med, high = c["speedup"]
+            verdict = "kept" if c["kept"] else "dropped: no gain beyond the noise"
+            shown = f"{med:.3f}x ({low:.3f}-{high:.3f})"
+            emit(Note(f"  {k}={c['value']}: the winner is {shown} itself without it - {verdict}"))
+        else:
+            emit(Note(f"  {k}={c['value']}: kept ({c['why']})"))
+    if together:
+        emit(Note("No knob carries the gain alone beyond the noise: they are kept together"))
+    return record

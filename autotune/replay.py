@@ -1,0 +1,377 @@
+"""Replay the tuner's whole loop against a recorded landscape, in simulated seconds.
+
+A landscape (``bench/record_landscape.py``) holds, for every point of a grid over the knobs
+that act on one workload, several real runs of it, window by window, with each run's seconds
+outside and inside its windows. ``replay`` runs what ``autotune run`` runs - the study
+record, the sampler, the designed start, the objective, the stop and prune rules, the budget,
+re-validation, ablation and the export's choice - with ``ReplayMeasurer`` in place of the Ray
+runner: a trial of a point draws one of that point's recorded runs and applies the measurement
+rules (``autotune.stats``) to its windows one by one, and the clock advances by the seconds the
+run took. Nothing is started; a replay of 15 trials takes well under a second.
+
+What it does not model: drift of the machine over time (a run is drawn at random, not in
+order), runs longer than the recorded windows (they stop at the ``cap``), trial failures, and
+the cold first baseline unless ``cold_first`` (the first run of the study is then scaled by the
+recorded cold/warm ratio).
+
+``bench/replay.py`` is the benchmark over many seeds; ``tests/unit/test_replay.py`` holds its
+result.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune.ablation import ablate
+from autotune.budget import Budget
+from autotune.config import MeasureSettings, TrialConfig
+from autotune.events import Emit, ignore
+from autotune.export import study_profile
+from autotune.knobs import Target
+from autotune.objective import Objective
+from autotune.rank import RankResult
+from autotune.results import TrialResult
+from autotune.search import Search
+from autotune.space import ResolvedSpace, SearchSpace
+from autotune.stats import Interval
+from autotune.study_record import open_study
+from autotune.studydef import StudyDefinition
+from autotune.validation import revalidate
+
+__all__ = ["TIE", "Landscape", "ReplayMeasurer", "ReplayResult", "replay", "summarise"]
+
+#: Two exported points within this fraction of each other's true throughput tie.
+TIE = 0.01
+
+
+def point_key(point: dict[str, Any]) -> str:
+    """A grid point's key: ``name=value`` pairs, sorted by name, joined by commas."""
+    return ",".join(f"{k}={point[k]}" for k in sorted(point))
+
+
+@dataclass(frozen=True)
+class Run:
+    """One recorded run of a point."""
+
+    windows: list[float]
+    overhead_s: float
+    window_s: float
+
+
+@dataclass
+class Landscape:
+    """Recorded runs of every point of ``grid`` (a search space of categorical dimensions)."""
+
+    grid: dict[str, list[Any]]
+    runs: dict[str, list[Run]]
+    baseline_key: str
+    cold_ratio: float = 1.0
+    """The first baseline in fresh processes over the same defaults measured warm."""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path | str) -> Landscape:
+        raw = json.loads(Path(path).read_text())
+        runs = {
+            k: [
+                Run(r["windows"], r["overhead_s"], r["window_s"])
+                for r in rs
+                if r.get("windows")  # a failed run of a point is not a measurement
+            ]
+            for k, rs in raw["points"].items()
+        }
+        runs = {k: rs for k, rs in runs.items() if rs}  # illegal points: the tuner never runs them
+        cold = raw.get("cold_baseline") or {}
+        ratio = 1.0
+        if cold.get("fresh_after_ray_start") and cold.get("warm_pool"):
+            first = statistics.median(cold["fresh_after_ray_start"][0]["windows"])
+            warm = statistics.median(w for r in cold["warm_pool"] for w in r["windows"])
+            ratio = first / warm
+        meta = {k: v for k, v in raw.items() if k not in ("points", "grid")}
+        return cls(raw["grid"], runs, raw["baseline_key"], ratio, meta)
+
+    def value(self, key: str) -> float:
+        """A point's true throughput: the median of every window of every run of it."""
+        return statistics.median(w for r in self.runs[key] for w in r.windows)
+
+    def oracle(self) -> tuple[str, float]:
+        best = max(self.runs, key=self.value)
+        return best, self.value(best)
+
+    def space(self) -> SearchSpace:
+        """The search space of the grid (categorical dimensions, each with its choices)."""
+        from autotune.knobs import KNOBS
+
+        sections: dict[str, dict[str, Any]] = {}
+        for name, choices in self.grid.items():
+            sections.setdefault(KNOBS[name].section, {})[name] = {
+                "type": "categorical",
+                "choices": list(choices),
+            }
+        return SearchSpace.from_mapping(
+            {"description": "replayed landscape", **sections}, where="landscape", name="replay"
+        )
+
+
+class _Runner:
+    """What the search asks of a placement group, where there is none."""
+
+    def ensure_placed(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class ReplayMeasurer:
+    """``measure.Measurer``'s interface over a ``Landscape``, on a simulated clock."""
+
+    def __init__(
+        self,
+        landscape: Landscape,
+        study: optuna.Study,
+        space: ResolvedSpace,
+        definition: StudyDefinition,
+        rng: random.Random,
+        *,
+        cold_first: bool = False,
+    ) -> None:
+        self.landscape, self.study, self.space, self.d = landscape, study, space, definition
+        self.rng = rng
+        self.clock = 0.0
+        self.runner = _Runner()
+        self.runners = [self.runner]
+        self._cold = cold_first
+
+    def now(self) -> float:
+        return self.clock
+
+    def use(self, runner: Any) -> None:
+        pass
+
+    def trial_timeout(self) -> float:
+        return 300.0
+
+    def key(self, number: int) -> str:
+        """The grid point trial ``number`` measures."""
+        values = self.space.values_from_params(self.study.trials[number].params)
+        return point_key({k: values[k] for k in self.landscape.grid})
+
+    def config_key(self, config: TrialConfig) -> str:
+        """The grid point a configuration is (every grid knob read back from it)."""
+        values = {
+            "bucket_cap_mb": config.ddp["bucket_cap_mb"],
+            "gradient_as_bucket_view": config.ddp["gradient_as_bucket_view"],
+            "static_graph": config.ddp["static_graph"],
+            "comm_hook": config.comm_hook["name"],
+            "micro_batch": config.micro_batch,
+            "num_workers": config.data["num_workers"],
+            "precision": config.precision,
+            "threads": config.threads,
+        }
+        return point_key({k: values[k] for k in self.landscape.grid})
+
+    def __call__(
+        self,
+        number: int,
+        config: TrialConfig,
+        incumbent: Interval | None = None,
+        measure: MeasureSettings | None = None,
+    ) -> TrialResult:
+        m = measure or self.d.measure
+        run = self.rng.choice(self.landscape.runs[self.config_key(config)])
+        scale = self.landscape.cold_ratio if self._cold else 1.0
+        self._cold = False
+        stop_rule, prune_rule = m.stop_rule(), m.prune_rule()
+        windows: list[float] = []
+        stop = "cap"
+        for w in run.windows[: m.max_windows]:
+            windows.append(w * scale)
+            if prune_rule.should_prune(windows, incumbent):
+                stop = "pruned"
+                break
+            done, why = stop_rule.decide(windows)
+            if done:
+                stop = why
+                break
+        per_window = run.window_s / len(run.windows)
+        window_s = per_window * len(windows)
+        wall = run.overhead_s + window_s
+        self.clock += wall
+        steps = max(1, round(window_s * statistics.median(windows) / config.global_batch))
+        rank = RankResult(
+            rank=0,
+            applied={},
+            pid=0,
+            steps=steps,
+            samples=steps * config.global_batch,
+            window_s=window_s,
+            windows=windows,
+            steps_per_window=max(1, steps // len(windows)),
+            warmup_steps=0,
+            stop=stop,
+            setup_s=run.overhead_s,
+            warmup_s=0.0,
+            measure_s=window_s,
+            loss=0.0,
+            loss_curve=[],
+            peak_memory_mb=0.0,
+        )
+        return TrialResult(ranks=[rank], wall_s=wall)
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """What one replayed run exported, and what it cost."""
+
+    exported: str
+    """The exported configuration's grid point."""
+    value: float
+    """Its true throughput in the landscape."""
+    share: float
+    """``value`` over the oracle's."""
+    trials: int
+    seconds: float
+    """Simulated seconds from the first trial to the exported profile."""
+    study: optuna.Study | None = field(default=None, repr=False, compare=False)
+    """The replayed study (its trials, the screening summary, the re-validation)."""
+
+
+def replay(
+    landscape: Landscape,
+    *,
+    seed: int,
+    sampler: str = "tpe",
+    screening: bool = True,
+    n_trials: int = 15,
+    budget_s: float = 600.0,
+    cold_first: bool = False,
+    validate_top: int = 3,
+    patience: int | None = None,
+    ablation: bool = True,
+    storage: optuna.storages.BaseStorage | None = None,
+    emit: Emit = ignore,
+    study: str = "default",
+) -> ReplayResult:
+    """One ``autotune run`` of ``study`` replayed on ``landscape``: ``n_trials`` trials (the
+    baseline included) or ``budget_s`` simulated seconds, whichever ends first, then
+    re-validation and the export's choice. ``storage``: resume the study ``replay`` there
+    (a new in-memory one by default)."""
+    d = replace(
+        StudyDefinition.load(study),
+        sampler=sampler,
+        seed=seed,
+        n_trials=n_trials,
+        budget_s=budget_s,
+        validate_top=validate_top,
+        screening=screening,
+        patience=patience,
+        ablate=ablation,
+    )
+    target = Target(
+        backend="gloo",
+        device="cpu",
+        world_size=2,
+        global_batch=128,
+        cpus_per_rank=1,
+        bf16=False,
+    )
+    space = landscape.space().resolve(target)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    st, _ = open_study(
+        "replay",
+        "",
+        d,
+        space,
+        128,
+        {"device": "cpu"},
+        storage=storage or optuna.storages.InMemoryStorage(),
+    )
+    rng = random.Random(seed)
+    measure = ReplayMeasurer(landscape, st, space, d, rng, cold_first=cold_first)
+    budget = Budget(d, clock=measure.now)
+    objective = Objective(
+        study=st, space=space, definition=d, measure=measure, budget=budget, emit=emit
+    )  # type: ignore[arg-type]
+    search = Search(
+        study=st,
+        space=space,
+        runners=measure.runners,  # type: ignore[arg-type]
+        objective=objective,
+        measure=measure,  # type: ignore[arg-type]
+        budget=budget,
+        emit=emit,
+    )
+    search.run()
+    checked = revalidate(
+        study=st,
+        definition=d,
+        plan=budget.validation_plan(),
+        measure=measure,  # type: ignore[arg-type]
+        emit=emit,
+        defaults=space.defaults(),
+    )
+    ablate(
+        study=st,
+        definition=d,
+        space=space,
+        validation=checked,
+        budget=budget,
+        measure=measure,  # type: ignore[arg-type]
+        emit=emit,
+    )
+    profile = study_profile(st)
+    key = measure.config_key(profile.trial_config())
+    value = landscape.value(key)
+    return ReplayResult(
+        exported=key,
+        value=value,
+        share=value / landscape.oracle()[1],
+        trials=sum(t.state.is_finished() for t in st.trials),
+        seconds=measure.clock,
+        study=st,
+    )
+
+
+def summarise(results: list[dict[str, Any]], bar: str = "random") -> dict[str, dict[str, Any]]:
+    """Per strategy: oracle shares and the paired comparison with ``bar`` by seed."""
+    by: dict[str, dict[int, dict[str, Any]]] = {}
+    for r in results:
+        by.setdefault(r["strategy"], {})[r["seed"]] = r
+    out: dict[str, dict[str, Any]] = {}
+    for name, runs in by.items():
+        shares = sorted(r["share"] for r in runs.values())
+        row: dict[str, Any] = {
+            "seeds": len(shares),
+            "median_share": round(statistics.median(shares), 4),
+            "p10_share": round(shares[len(shares) // 10], 4),
+            "at_98": round(sum(s >= 0.98 for s in shares) / len(shares), 3),
+            "median_trials": statistics.median(r["trials"] for r in runs.values()),
+        }
+        if bar in by and name != bar:
+            w = t = lo = 0
+            for seed, r in runs.items():
+                other = by[bar].get(seed)
+                if other is None:
+                    continue
+                if abs(r["value"] - other["value"]) <= TIE * other["value"]:
+                    t += 1
+                elif r["value"] > other["value"]:
+                    w += 1
+                else:
+                    lo += 1
+            n = w + t + lo
+            row.update(wins=w, ties=t, losses=lo, win_share=round(w / n, 3) if n else None)
+            row["beats_or_ties"] = round((w + t) / n, 3) if n else None
+        out[name] = row
+    return out

@@ -1,0 +1,174 @@
+"""Record a throughput landscape once, for the replay benchmark (``bench/replay.py``).
+
+    python bench/record_landscape.py                       # the default workload, ~25 minutes
+    python bench/record_landscape.py --rounds 3 --out bench/landscapes/mine.json
+
+Every point of a grid (``--grid``: a search-space YAML whose dimensions are all categorical;
+``bench/landscape_default.yaml``) is measured ``--rounds`` times, interleaved (every point once
+per round, in a shuffled order that differs per round), by one runner with the warm process pool
+autotune's search uses. Each run measures exactly ``--windows`` timed windows (no early stop, no
+pruning), so the replay can apply the stop and prune rules window by window. Recorded per run:
+the windows (samples/s), the seconds outside them (overhead: process group, model, warm-up) and
+inside them, the warm-up steps, the round and the run's start time.
+
+Before the grid, the cold-baseline experiment (issue: the first baseline of a run reads low):
+the defaults measured (a) in fresh rank processes right after Ray started, (b) again twice in
+the same, now warm, processes, then (c) in a new pool of fresh processes after one discarded
+run of the defaults, (d) the same in yet another fresh pool without the discarded run. Each
+with the full ``--windows``.
+
+The file is small JSON (a few hundred kB): it is shipped under ``bench/landscapes/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from autotune.cluster import connect
+from autotune.config import TrialConfig
+from autotune.errors import TrialFailed
+from autotune.knobs import Target
+from autotune.launcher import TrialRunner
+from autotune.space import SearchSpace
+from autotune.studydef import StudyDefinition
+from autotune.workload import load_workload
+
+HERE = Path(__file__).resolve().parent
+
+
+def args_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--study", default="default", help="study definition (name or path)")
+    p.add_argument("--grid", default=str(HERE / "landscape_default.yaml"))
+    p.add_argument("--rounds", type=int, default=2, help="runs of every grid point")
+    p.add_argument("--windows", type=int, default=4, help="timed windows per run")
+    p.add_argument("--seed", type=int, default=0, help="order of the points in each round")
+    p.add_argument("--out", default=str(HERE / "landscapes" / "default-loopback.json"))
+    p.add_argument("--address", help="an existing Ray cluster (auto or HOST:PORT)")
+    return p
+
+
+def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    names = sorted(grid)
+    return [
+        dict(zip(names, combo, strict=True))
+        for combo in itertools.product(*(grid[n] for n in names))
+    ]
+
+
+def key_of(point: dict[str, Any]) -> str:
+    """A point's key in the file: ``name=value`` pairs, sorted, joined by commas."""
+    return ",".join(f"{k}={point[k]}" for k in sorted(point))
+
+
+def main() -> None:
+    a = args_parser().parse_args()
+    d = StudyDefinition.load(a.study)
+    workload = load_workload(d.trainer, d.trainer_options)
+    space = SearchSpace.load(a.grid)
+    exact = replace(
+        d.measure, min_windows=a.windows, max_windows=a.windows, target_rel_half_width=1e-9
+    )
+    conn = connect(a.address, extra_pythonpath=os.getcwd())
+    started = time.monotonic()
+    out: dict[str, Any] = {"study": d.name, "trainer": d.trainer, "windows": a.windows}
+    path = Path(a.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        path.write_text(json.dumps(out, indent=None, separators=(",", ":")) + "\n")
+
+    def runner() -> TrialRunner:
+        return TrialRunner(world_size=d.world_size or 2, backend="gloo")
+
+    def measure(r: TrialRunner, config: TrialConfig, n: int) -> dict[str, Any]:
+        t = time.monotonic() - started
+        try:
+            res = r.run(
+                trial=n,
+                trainer=d.trainer,
+                trainer_options=dict(d.trainer_options),
+                config=config,
+                measure=exact,
+                seed=d.seed or 0,
+                timeout_s=600,
+            )
+        except TrialFailed as e:
+            return {"t": round(t, 1), "failed": f"{e.reason}: {e.detail}"}
+        return {
+            "t": round(t, 1),
+            "windows": [round(w, 2) for w in res.windows],
+            "window_s": round(res.window_s, 3),
+            "overhead_s": round(res.overhead_s, 3),
+            "warmup_s": round(res.warmup_s, 3),
+            "warmup_steps": max(x.warmup_steps for x in res.ranks),
+            "reused": res.ranks[0].reused,
+        }
+
+    first = runner()
+    try:
+        hw = first.probe()
+        target = Target(
+            backend="gloo",
+            device=hw["device"],
+            world_size=d.world_size or 2,
+            global_batch=workload.global_batch,
+            cpus_per_rank=1,
+            bf16=hw["bf16"],
+        )
+        resolved = space.resolve(target)
+        defaults = resolved.defaults()
+        grid = resolved.grid()
+        base_point = {k: defaults[k] for k in grid}
+        base_cfg = TrialConfig.from_values(defaults, target)
+        out["hardware"] = {k: hw.get(k) for k in ("device", "cpus", "torch", "bf16")}
+        out["grid"] = grid
+        out["baseline_key"] = key_of(base_point)
+        # The cold-baseline experiment.
+        cold: dict[str, list[dict[str, Any]]] = {}
+        cold["fresh_after_ray_start"] = [measure(first, base_cfg, 0)]
+        cold["warm_pool"] = [measure(first, base_cfg, 1), measure(first, base_cfg, 2)]
+        first.close()
+        second = runner()
+        measure(second, base_cfg, 3)  # discarded
+        cold["fresh_after_discarded_run"] = [measure(second, base_cfg, 4)]
+        second.close()
+        third = runner()
+        cold["fresh_again"] = [measure(third, base_cfg, 5)]
+        out["cold_baseline"] = cold
+        print(json.dumps(cold), flush=True)
+        save()
+        # The grid, interleaved by round.
+        points = grid_points(grid)
+        runs: dict[str, list[dict[str, Any]]] = {key_of(p): [] for p in points}
+        out["points"] = runs
+        rng = random.Random(a.seed)
+        n = 10
+        for rnd in range(a.rounds):
+            order = points[:]
+            rng.shuffle(order)
+            for p in order:
+                values = {**defaults, **p}
+                rec = measure(third, TrialConfig.from_values(values, target), n)
+                rec["round"] = rnd
+                runs[key_of(p)].append(rec)
+                n += 1
+                print(rnd, key_of(p), rec.get("windows") or rec.get("failed"), flush=True)
+            save()
+        out["wall_s"] = round(time.monotonic() - started, 1)
+        save()
+        third.close()
+    finally:
+        conn.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""The search benchmark on recorded measurements holds its line: the tuner as shipped (the
+designed screening, then TPE, re-anchoring, re-validation and ablation), replayed on the
+recorded default landscape (``bench/landscapes/default-loopback.json``) for many seeds, against
+random search on the same seeds (``bench/replay.py``; the README's *Benchmark* section has the
+table). A test over recorded data, not a timing: every replay is deterministic."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.replay import Landscape, replay, summarise
+from tests.conftest import REPO
+
+LANDSCAPE = REPO / "bench" / "landscapes" / "default-loopback.json"
+SEEDS = 100
+TRIALS = 15
+#: Just under what ``python bench/replay.py --seeds 100`` measured when this strategy shipped
+#: (README, *Benchmark*: wins 52 %, ties 12 %, losses 36 %, median share 0.896): the test
+#: fails when a change loses ground. The issue's goals (80 % wins, 0.98) are not reached.
+WIN_SHARE = 0.48
+MEDIAN_SHARE = 0.89
+
+
+@pytest.fixture(scope="module")
+def table():
+    land = Landscape.load(LANDSCAPE)
+    results = []
+    for seed in range(SEEDS):
+        for name, sampler, screening in (("random", "random", False), ("tuner", "tpe", True)):
+            r = replay(land, seed=seed, sampler=sampler, screening=screening, n_trials=TRIALS)
+            results.append({"strategy": name, "seed": seed, "value": r.value, "share": r.share,
+                            "trials": r.trials})  # fmt: skip
+    return summarise(results)
+
+
+def test_the_landscape_is_what_the_benchmark_says():
+    land = Landscape.load(LANDSCAPE)
+    assert len(land.runs) >= 48 and land.baseline_key in land.runs
+    assert all(len(runs) >= 1 for runs in land.runs.values())
+
+
+def test_the_tuner_beats_random_search_on_the_recorded_landscape(table):
+    tuner = table["tuner"]
+    assert tuner["seeds"] == SEEDS and tuner["median_trials"] == TRIALS
+    assert tuner["win_share"] >= WIN_SHARE, tuner
+    assert tuner["median_share"] >= MEDIAN_SHARE, tuner
+    assert tuner["median_share"] >= table["random"]["median_share"], table
+    assert tuner["wins"] > tuner["losses"], tuner

@@ -1,0 +1,231 @@
+"""The search's own logic, replayed on small made-up landscapes (``autotune.replay``): the
+designed start (screening, then the combination), ``--n-trials`` and ``--patience``. Every
+replay runs the real loop - Optuna study, sampler, objective, stop and prune rules, budget,
+re-validation, export - with recorded runs in place of Ray ranks."""
+
+from __future__ import annotations
+
+import itertools
+
+from optuna.trial import TrialState
+
+from autotune.replay import Landscape, Run, point_key, replay
+from autotune.screening import HELPS
+
+GRID = {
+    "bucket_cap_mb": [5.0, 25.0, 100.0],
+    "comm_hook": ["none", "fp16"],
+    "gradient_as_bucket_view": [False, True],
+    "num_workers": [0, 2],
+    "static_graph": [False, True],
+}
+BASE = {"bucket_cap_mb": 25.0, "comm_hook": "none", "gradient_as_bucket_view": False,
+        "num_workers": 0, "static_graph": False}  # fmt: skip
+
+
+def landscape(effects: dict[tuple[str, object], float], noise: float = 0.0) -> Landscape:
+    """Every point of GRID at 500 samples/s times the effects of its values; windows spread
+    by +-``noise`` around it, the same in every run."""
+    runs = {}
+    names = sorted(GRID)
+    for combo in itertools.product(*(GRID[n] for n in names)):
+        point = dict(zip(names, combo, strict=True))
+        v = 500.0
+        for k, x in point.items():
+            v *= effects.get((k, x), 1.0)
+        ws = [v * (1 + noise), v * (1 - noise), v, v * (1 + noise / 2)]
+        runs[point_key(point)] = [Run(ws, 2.0, 4.0), Run(ws[::-1], 2.0, 4.0)]
+    return Landscape(GRID, runs, point_key(BASE))
+
+
+TWO_HELP = {("static_graph", True): 1.10, ("num_workers", 2): 1.15, ("comm_hook", "fp16"): 0.8,
+            ("bucket_cap_mb", 5.0): 0.97}  # fmt: skip
+
+
+def test_screening_moves_each_applicable_prior_alone_in_prior_order():
+    r = replay(landscape(TWO_HELP), seed=0, n_trials=12)
+    trials = r.study.trials
+    screened = [t for t in trials if "screen" in t.user_attrs]
+    labels = [t.user_attrs["screen"] for t in screened]
+    # on a CPU target: no precision or bf16-hook prior, no pinned memory
+    assert labels == [
+        "static_graph=True",
+        "gradient_as_bucket_view=True",
+        "num_workers",
+        "bucket_cap_mb=100",
+        "bucket_cap_mb=5",
+        "comm_hook=fp16",
+    ]
+    assert [t.number for t in screened] == list(range(1, 7)), "right after the baseline"
+    for t in screened:
+        changed = {k: v for k, v in t.params.items() if BASE.get(k, v) != v}
+        assert len(changed) == 1, (t.user_attrs["screen"], changed)
+
+
+def test_the_helpful_switches_are_combined_and_the_summary_says_which_helped():
+    r = replay(landscape(TWO_HELP), seed=0, n_trials=12)
+    study = r.study
+    combo = [t for t in study.trials if "combination" in t.user_attrs]
+    assert len(combo) == 1 and combo[0].number == 8
+    again = study.trials[7]
+    assert again.user_attrs["anchor"] == "after screening"
+    assert again.params == study.trials[0].params
+    assert sorted(combo[0].user_attrs["combination"]) == ["num_workers", "static_graph=True"]
+    assert combo[0].params["static_graph"] is True and combo[0].params["num_workers"] == 2
+    assert combo[0].params["bucket_cap_mb"] == 25.0 and combo[0].params["comm_hook"] == "none"
+    summary = study.user_attrs["screening"]
+    assert {k for k, s in summary.items() if s["helps"]} == {"static_graph=True", "num_workers"}
+    assert summary["static_graph=True"]["speedup"] > 1 + HELPS
+    assert summary["comm_hook=fp16"]["helps"] is False
+    # 0.8x is clearly below the incumbent: pruned, and so not a helper
+    assert summary["comm_hook=fp16"]["state"] in ("PRUNED", "COMPLETE")
+    # the oracle here is exactly the combination: the export finds it
+    assert r.share == 1.0
+
+
+def test_no_combination_when_fewer_than_two_switches_help():
+    r = replay(landscape({("static_graph", True): 1.10}), seed=0, n_trials=10)
+    assert not [t for t in r.study.trials if "combination" in t.user_attrs]
+    assert "screening" in r.study.user_attrs
+
+
+def test_a_stop_during_screening_leaves_nothing_queued_and_a_resume_goes_on():
+    import optuna
+
+    storage = optuna.storages.InMemoryStorage()
+    land = landscape(TWO_HELP)
+    first = replay(land, seed=0, n_trials=4, validate_top=0, storage=storage).study
+    assert [t.user_attrs.get("screen") for t in first.trials] == [
+        None,
+        "static_graph=True",
+        "gradient_as_bucket_view=True",
+        "num_workers",
+    ]
+    assert not first.get_trials(states=(TrialState.WAITING,))
+    again = replay(land, seed=0, n_trials=8, validate_top=0, storage=storage).study
+    assert len(again.trials) == 4 + 8
+    labels = [t.user_attrs.get("screen") for t in again.trials[4:]]
+    assert labels == ["bucket_cap_mb=100", "bucket_cap_mb=5", "comm_hook=fp16"] + [None] * 5
+    assert again.trials[7].user_attrs["anchor"] == "after screening"
+    assert "combination" in again.trials[8].user_attrs
+    assert "screening" in again.user_attrs
+    third = replay(land, seed=0, n_trials=3, validate_top=0, storage=storage).study
+    assert not [t for t in third.trials[12:] if "screen" in t.user_attrs]  # screened once
+
+
+def test_without_screening_the_sampler_starts_at_once():
+    r = replay(landscape(TWO_HELP), seed=0, n_trials=10, screening=False)
+    assert not [t for t in r.study.trials if "screen" in t.user_attrs]
+    assert "screening" not in r.study.user_attrs
+
+
+def test_n_trials_counts_every_trial_of_the_run_the_baseline_included():
+    for n in (1, 4, 9):
+        r = replay(landscape(TWO_HELP), seed=3, n_trials=n, validate_top=0)
+        assert r.trials == n
+
+
+def test_patience_stops_after_that_many_trials_without_a_new_best():
+    # A flat landscape: no trial beats the baseline, so every trial after it is stale.
+    r = replay(landscape({}), seed=0, n_trials=50, patience=3, validate_top=0)
+    assert r.trials == 1 + 3
+    # With one switch that helps, patience counts again from the improvement.
+    r = replay(landscape({("static_graph", True): 1.2}), seed=0, n_trials=50, patience=2,
+               validate_top=0)  # fmt: skip
+    numbers = [t.number for t in r.study.trials if t.params.get("static_graph") is True]
+    assert numbers and numbers[0] == 1  # screened first
+    # baseline, the improvement, two stale trials (a run of the defaults is never stale)
+    assert r.trials == 1 + 1 + 2
+
+
+def test_the_defaults_are_measured_again_every_anchor_every_trials():
+    from autotune.search import ANCHOR_EVERY
+
+    r = replay(landscape(TWO_HELP, noise=0.02), seed=1, n_trials=2 * ANCHOR_EVERY + 12,
+               validate_top=0, budget_s=10_000)  # fmt: skip
+    trials = r.study.trials
+    marked = [t.number for t in trials if t.user_attrs.get("baseline")]
+    assert marked[0] == 0 and trials[marked[1]].user_attrs["anchor"] == "after screening"
+    periodic = [n for n in marked if trials[n].user_attrs.get("anchor", "").startswith("every")]
+    assert periodic, marked
+    for a, b in zip(marked[1:], marked[2:], strict=False):
+        assert b - a == ANCHOR_EVERY + 1  # ANCHOR_EVERY trials between two runs of the defaults
+    for n in marked:
+        assert trials[n].params == trials[0].params
+        assert trials[n].state == TrialState.COMPLETE  # never pruned
+
+
+def test_speedups_are_taken_against_the_defaults_measured_nearest_in_time():
+    import optuna
+
+    from autotune.study_record import anchored_speedup, nearest_anchor
+
+    study = optuna.create_study(direction="maximize")
+    for value, attrs in [
+        (300.0, {"baseline": True}),  # a cold first baseline
+        (390.0, {}),
+        (380.0, {}),
+        (400.0, {"baseline": True, "anchor": "every 10 trials"}),
+        (420.0, {}),
+    ]:
+        study.add_trial(
+            optuna.trial.create_trial(value=value, params={}, distributions={}, user_attrs=attrs)
+        )
+    trials = study.trials
+    assert nearest_anchor(study, trials[1]).number == 0
+    assert nearest_anchor(study, trials[2]).number == 3  # one trial from the anchor, two from 0
+    assert nearest_anchor(study, trials[4]).number == 3
+    assert abs(anchored_speedup(study, trials[4]) - 420 / 400) < 1e-9
+    assert abs(anchored_speedup(study, trials[1]) - 390 / 300) < 1e-9
+
+
+def test_the_profile_records_every_run_of_the_defaults_and_the_screened_effects(tmp_path):
+    from autotune.export import study_profile
+    from autotune.profile import Profile
+
+    r = replay(landscape(TWO_HELP), seed=0, n_trials=12)
+    profile = study_profile(r.study)
+    m = profile.measured
+    assert m["baseline_runs"] == [500.0, 500.0]  # the baseline, the defaults after screening
+    assert m["screening"]["static_graph=True"] == {"speedup": 1.1, "helps": True}
+    assert m["screening"]["comm_hook=fp16"]["helps"] is False
+    # what is written is read back by the profile's strict loader
+    again = Profile.load(profile.save(tmp_path / "p.yaml"))
+    assert again.measured["screening"] == m["screening"]
+
+
+def test_a_screening_record_from_someone_elses_study_cannot_smuggle_values():
+    from autotune.export import screening_effects
+
+    r = replay(landscape(TWO_HELP), seed=0, n_trials=9)
+    r.study.set_user_attr(
+        "screening", {"x": {"speedup": "rm -rf /", "helps": "yes"}, 3: {}, "y": [1]}
+    )
+    assert screening_effects(r.study) == {"x": {"speedup": None, "helps": False}}
+
+
+def test_ablation_keeps_only_the_knobs_that_carry_the_gain():
+    from autotune.export import study_profile
+
+    # Two switches carry the gain; gradient_as_bucket_view and 100 MB buckets are passengers
+    # (exactly no effect), fp16 compression hurts.
+    effects = {("static_graph", True): 1.10, ("num_workers", 2): 1.15, ("comm_hook", "fp16"): 0.8}
+    ablated = 0
+    for seed in range(8):
+        r = replay(landscape(effects), seed=seed, n_trials=15, budget_s=600)
+        profile = study_profile(r.study)
+        cfg = profile.trial_config()
+        # whatever the search's winner carried, the profile changes nothing that does not help
+        assert cfg.ddp["gradient_as_bucket_view"] is False, seed
+        assert cfg.ddp["bucket_cap_mb"] == 25.0, seed
+        assert cfg.ddp["static_graph"] is True and cfg.data["num_workers"] == 2, seed
+        record = profile.measured.get("ablation")
+        if record is None:
+            continue  # the winner changed only the two switches: nothing to ablate
+        ablated += 1
+        for knob, c in record["knobs"].items():
+            if c["kept"]:
+                assert c["speedup"][0] > 1.0, (seed, knob, c)  # beyond the noise
+            else:
+                assert knob in ("gradient_as_bucket_view", "bucket_cap_mb"), (seed, knob)
+    assert ablated, "some winner carried a passenger"
