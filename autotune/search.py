@@ -78,6 +78,8 @@ class Search:
         self.screening = Screening(study, space) if d.screening and d.sampler != "grid" else None
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._asking = threading.Lock()  # taking the next trial, with concurrent trials
+        self._held = threading.local()
         self._finished = 0  # trials this invocation ran to an end
         self._stale = 0  # of them, in a row, not better than the best before them
         self._best: float | None = None
@@ -96,8 +98,8 @@ class Search:
             self._best = max((throughput(t) for t in complete(self.study)), default=None)
         if not self._room_for_another():  # the baseline was all --n-trials allows
             return
-        self._queue_next()
         if len(self.runners) == 1:
+            self._queue_next()
             self.study.optimize(
                 self.objective,
                 timeout=max(self.budget.left_s(), 0.0),
@@ -107,10 +109,34 @@ class Search:
         else:
             self._concurrently()
 
-    def _one_trial(self) -> None:
-        self.study.optimize(
-            self.objective, n_trials=1, catch=(TrialFailed,), callbacks=[self._between_trials]
-        )
+    def _one_trial(self, serial: bool = False) -> None:
+        """One trial through ``study.optimize``. ``serial``: take the trial (Optuna's ask,
+        which pops a queued trial first) under a lock, so that two threads never pop the same
+        queued trial (SQLite has no row lock: both would run it, and the second to tell it
+        fails); the lock is let go as soon as the objective starts."""
+        if not serial:
+            self.study.optimize(
+                self.objective, n_trials=1, catch=(TrialFailed,), callbacks=[self._between_trials]
+            )
+            return
+        self._asking.acquire()
+        self._held.value = True
+        try:
+            self.study.optimize(
+                self._taken, n_trials=1, catch=(TrialFailed,), callbacks=[self._between_trials]
+            )
+        finally:
+            self._let_go()
+
+    def _taken(self, trial: optuna.Trial) -> float | tuple[float, float]:
+        """The objective, once this thread holds its trial."""
+        self._let_go()
+        return self.objective(trial)
+
+    def _let_go(self) -> None:
+        if getattr(self._held, "value", False):
+            self._held.value = False
+            self._asking.release()
 
     def _baseline_first(self) -> bool:
         """Measure the baseline before any other trial: every speedup, the trial timeout and
@@ -179,12 +205,14 @@ class Search:
         if not self._room_for_another():
             study.stop()
             return
-        self._queue_next()
-        self.measure.runner.ensure_placed()
+        self.measure.runner.ensure_placed()  # raises ClusterLost before anything is queued
+        if len(self.runners) == 1:  # study.optimize asks for the next trial right after this
+            self._queue_next()
 
     def _queue_next(self) -> None:
-        """Queue the designed start's next trial, or a run of the defaults when one is due
-        (only once another trial is known to fit: nothing is left queued by a stop)."""
+        """Queue the designed start's next trial, or a run of the defaults when one is due;
+        called only when another trial fits and is asked for at once, so a stop leaves
+        nothing queued."""
         if self.screening is not None:
             done = self.screening.step()
             if done is not None:
@@ -214,7 +242,8 @@ class Search:
             try:
                 while not self._stop.is_set() and self._room_for_another():
                     runner.ensure_placed()
-                    self._one_trial()
+                    self._queue_next()  # right before this thread asks for its next trial
+                    self._one_trial(serial=True)
             except BaseException as e:  # ClusterLost, BaselineFailed, a bug: stop them all
                 errors.append(e)
                 self._stop.set()

@@ -1,4 +1,4 @@
-"""The side-by-side benchmark runs end to end at a tiny scale (the quick workload, a 20 s budget,
+"""The side-by-side benchmark runs end to end at a tiny scale (the quick workload, a 12 s budget,
 one seed, a two-point grid) and writes what the README says it writes. Its numbers are not
 checked here: they are measurements, reported by the script, not asserted."""
 
@@ -27,7 +27,7 @@ def bench(env, *args, rc=0):
 
 def test_the_benchmark_runs_every_contender_and_writes_its_results(ray_address, run_env, tmp_path):
     out = tmp_path / "bench"
-    bench(run_env, "--study", "quick", "--budget", "20s", "--seeds", "1", "--rounds", "2",
+    bench(run_env, "--study", "quick", "--budget", "12s", "--seeds", "1", "--rounds", "2",
           "--oracle-space", str(REPO / "tests" / "integration" / "oracle_tiny.yaml"),
           "--out", str(out), "--address", ray_address)  # fmt: skip
     raw = json.loads((out / "raw.json").read_text())
