@@ -109,10 +109,11 @@ class Budget:
             return 0
         return min(plan[1], int(self.left_s() // ((knobs + 1) * run)))
 
-    def room_for_another(self, *, to_revalidate: bool, ablate: int = 0) -> bool:
-        """Whether the budget left holds a typical trial and, when there is something to
-        re-validate (``to_revalidate``), the re-validation after it and the ablation of a
-        winner changing ``ablate`` knobs (the best so far)."""
+    def room_for_another(self, *, to_revalidate: int, ablate: int = 0) -> bool:
+        """Whether the budget left holds a typical trial and, when there are configurations
+        to re-validate (``to_revalidate``: how many qualify so far), the re-validation of as
+        many of them as the plan takes and the ablation of a winner changing ``ablate``
+        knobs (the best so far)."""
         left = self.left_s()
         if left <= 0:
             return False
@@ -122,7 +123,9 @@ class Budget:
             wall = statistics.median(self._walls)
             run = statistics.median(self._rerun_walls) if self._rerun_walls else wall
         plan = validation_plan(self.d, self.total_s, run)
-        runs = 0 if plan is None or not to_revalidate else (plan[0] + 1) * plan[1]
+        runs = (
+            0 if plan is None or not to_revalidate else (min(to_revalidate, plan[0]) + 1) * plan[1]
+        )
         if runs and ablate >= 2:
             runs += (ablate + 1) * plan[1]
         return left >= wall + run * runs

@@ -33,13 +33,13 @@ from autotune.screening import Screening
 from autotune.space import ResolvedSpace
 from autotune.study_record import (
     baseline_trial,
-    baseline_value,
     baselines,
     complete,
     enqueue_anchor,
     enqueue_baseline,
     throughput,
 )
+from autotune.validation import candidates
 
 __all__ = ["ANCHOR_EVERY", "BASELINE_POLL_S", "Search"]
 
@@ -187,14 +187,13 @@ class Search:
         the re-validation after it), and no trial limit is reached."""
         if self.budget.left_s() <= 0 or self._limit_reached():
             return False  # before asking the storage anything
-        base = baseline_value(self.study)
         done = complete(self.study)
-        above = base is not None and any(throughput(t) > base for t in done)
+        qualify = len(candidates(self.study, self.objective.d.validate_top))
         best = max(done, key=throughput, default=None)
         ablate = 0
         if best is not None and self.objective.d.ablate:
             ablate = len(changed_knobs(best.params, self.space.baseline_params()))
-        return self.budget.room_for_another(to_revalidate=above, ablate=ablate)
+        return self.budget.room_for_another(to_revalidate=qualify, ablate=ablate)
 
     def _between_trials(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         """Stop before a trial that the budget left cannot hold; raise ClusterLost before one

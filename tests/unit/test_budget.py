@@ -64,13 +64,13 @@ def budget(total_s, top=3, rounds=5):
 
 def test_before_any_trial_there_is_room_and_no_plan():
     b = budget(600)
-    assert b.room_for_another(to_revalidate=True) and b.validation_plan() is None
+    assert b.room_for_another(to_revalidate=3) and b.validation_plan() is None
 
 
 def test_asking_never_changes_the_budget():
     b = budget(600)
     b.trial_done(6.0, rerun_wall_s=6.0)
-    answers = [(b.validation_plan(), b.room_for_another(to_revalidate=True)) for _ in range(3)]
+    answers = [(b.validation_plan(), b.room_for_another(to_revalidate=3)) for _ in range(3)]
     assert answers == [((3, 8), True)] * 3  # the plan of the (600, 6) case above
     assert b.validation_plan() == validation_plan(b.d, 600, 6.0)
 
@@ -79,10 +79,23 @@ def test_room_for_a_trial_keeps_the_revalidation_when_something_beat_the_baselin
     b = budget(180)
     b.trial_done(6.0, rerun_wall_s=6.0)  # plan (1, 5): 10 runs of 6 s = 60 s to keep
     b.started -= 180 - 60  # 60 s left
-    assert b.room_for_another(to_revalidate=False)  # nothing to re-validate: 60 s >= 6 s
-    assert not b.room_for_another(to_revalidate=True)  # 60 s < 6 s + 60 s
+    assert b.room_for_another(to_revalidate=0)  # nothing to re-validate: 60 s >= 6 s
+    assert not b.room_for_another(to_revalidate=3)  # 60 s < 6 s + 60 s
     b.started -= 60  # spent
-    assert not b.room_for_another(to_revalidate=False)
+    assert not b.room_for_another(to_revalidate=0)
+
+
+def test_the_room_kept_is_for_the_candidates_there_are_and_the_ablation_of_the_best():
+    b = budget(600)
+    b.trial_done(6.0, rerun_wall_s=6.0)  # plan (3, 8): each candidate 8 runs of 6 s
+    b.started -= 600 - 150  # 150 s left
+    # one candidate: (1 + 1) x 8 runs x 6 s = 96 s, plus the next trial's 6 s
+    assert b.room_for_another(to_revalidate=1)
+    # three candidates would need (3 + 1) x 8 x 6 = 192 s
+    assert not b.room_for_another(to_revalidate=3)
+    # a best trial changing 2 knobs adds its ablation: (2 + 1) x 8 x 6 = 144 s more
+    assert not b.room_for_another(to_revalidate=1, ablate=2)
+    assert b.room_for_another(to_revalidate=1, ablate=1)  # one knob: nothing to ablate
 
 
 def test_failed_trials_count_for_the_trial_wall_not_for_the_rerun():
