@@ -29,7 +29,6 @@ from typing import Any
 
 import optuna
 
-from autotune.ablation import ablate
 from autotune.budget import Budget
 from autotune.config import MeasureSettings, TrialConfig
 from autotune.events import Emit, ignore
@@ -43,7 +42,7 @@ from autotune.space import ResolvedSpace, SearchSpace
 from autotune.stats import Interval
 from autotune.study_record import open_study
 from autotune.studydef import StudyDefinition
-from autotune.validation import revalidate
+from autotune.tuner import conclude
 
 __all__ = ["TIE", "Landscape", "ReplayMeasurer", "ReplayResult", "replay", "summarise"]
 
@@ -313,23 +312,7 @@ def replay(
         emit=emit,
     )
     search.run()
-    checked = revalidate(
-        study=st,
-        definition=d,
-        plan=budget.validation_plan(),
-        measure=measure,  # type: ignore[arg-type]
-        emit=emit,
-        defaults=space.defaults(),
-    )
-    ablate(
-        study=st,
-        definition=d,
-        space=space,
-        validation=checked,
-        budget=budget,
-        measure=measure,  # type: ignore[arg-type]
-        emit=emit,
-    )
+    conclude(st, d, space, budget, measure, emit)  # type: ignore[arg-type]
     profile = study_profile(st)
     key = measure.config_key(profile.trial_config())
     value = landscape.value(key)

@@ -51,13 +51,13 @@ from autotune.measure import Measurer
 from autotune.objective import Objective
 from autotune.paths import check_study_name, check_writable, file_stem
 from autotune.search import Search
-from autotune.space import SearchSpace
+from autotune.space import ResolvedSpace, SearchSpace
 from autotune.study_record import baseline_value, complete, counts, open_study, throughput
 from autotune.studydef import StudyDefinition
 from autotune.validation import revalidate
 from autotune.workload import Workload, load_workload
 
-__all__ = ["RunRequest", "RunSummary", "run"]
+__all__ = ["RunRequest", "RunSummary", "conclude", "run"]
 
 #: How long each placement group after the first may take to be placed before the run makes
 #: do with fewer concurrent trials (the first one waits PLACEMENT_TIMEOUT_S).
@@ -172,25 +172,8 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
             search.run()
             if search.stop_reason:
                 emit(Note(f"Stopped before the budget: {search.stop_reason}"))
-            # 6. Re-measure the best few against the baseline, interleaved.
-            checked = revalidate(
-                study=study,
-                definition=d,
-                plan=budget.validation_plan(),
-                measure=measure,
-                emit=emit,
-                defaults=resolved.defaults(),
-            )
-            # 7. Keep only the knobs of the winner that carry its gain.
-            ablate(
-                study=study,
-                definition=d,
-                space=resolved,
-                validation=checked,
-                budget=budget,
-                measure=measure,
-                emit=emit,
-            )
+            # 6-7. Re-measure the best few against the baseline; keep only what carries the gain.
+            conclude(study, d, resolved, budget, measure, emit)
         except KeyboardInterrupt as e:
             summary.interrupted = True
             by = interrupted_by(e)
@@ -218,6 +201,36 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
         conn.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def conclude(
+    study: optuna.Study,
+    d: StudyDefinition,
+    space: ResolvedSpace,
+    budget: Budget,
+    measure: Measurer,
+    emit: Emit,
+) -> None:
+    """What follows the search: re-validate the best few against the baseline, interleaved
+    (``validation.revalidate``), then ablate the winner (``ablation.ablate``). The replay
+    benchmark (``autotune.replay``) calls it too."""
+    checked = revalidate(
+        study=study,
+        definition=d,
+        plan=budget.validation_plan(),
+        measure=measure,
+        emit=emit,
+        defaults=space.defaults(),
+    )
+    ablate(
+        study=study,
+        definition=d,
+        space=space,
+        validation=checked,
+        budget=budget,
+        measure=measure,
+        emit=emit,
+    )
 
 
 def _cause(e: BaseException) -> BaseException:
