@@ -203,10 +203,10 @@ def incumbent(study: optuna.Study) -> Interval | None:
 
 
 def tag(trial: optuna.Trial | FrozenTrial) -> str:
-    """How the log names a trial: ``baseline``, ``re-anchor`` (the defaults again) or
+    """How the log names a trial: ``baseline``, ``anchor N`` (the defaults again, trial N) or
     ``trial N``."""
     if trial.user_attrs.get("anchor"):
-        return "re-anchor"
+        return f"anchor {trial.number}"
     return "baseline" if trial.user_attrs.get("baseline") else f"trial {trial.number}"
 
 

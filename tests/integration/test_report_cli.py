@@ -124,7 +124,8 @@ def test_a_terminal_gets_the_live_display_and_a_summary_table(ray_address, run_e
 def test_a_log_file_gets_plain_lines_without_the_live_display(finished_run):
     out = finished_run["stdout"]  # captured through a pipe, as a log file would be
     assert "\x1b[" not in out and "budget ━" not in out and "running trial" not in out
-    trial_lines = re.findall(r"^\[[\dms]+\] +(?:baseline|trial \d+) ", out, re.M)
+    # the baseline, trials and the runs of the defaults that re-anchor speedups (anchor N)
+    trial_lines = re.findall(r"^\[[\dms]+\] +(?:baseline|trial \d+|anchor \d+) ", out, re.M)
     numbers = [0 if "baseline" in t else int(t.split()[-1]) for t in trial_lines]
     assert numbers == list(range(len(numbers))) and len(numbers) >= 3  # one line per trial
     assert "Best of" in out and "Report     autotune report --study-name" in out
