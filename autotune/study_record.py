@@ -39,6 +39,7 @@ __all__ = [
     "DRIVER",
     "METRICS",
     "anchored_speedup",
+    "anchored_speedups",
     "anchors",
     "baseline_trial",
     "baseline_value",
@@ -157,7 +158,10 @@ def nearest_anchor(study: optuna.Study, t: FrozenTrial) -> FrozenTrial | None:
     trial is compared with the defaults as they ran around it. Nearness is counted in trials
     (numbers follow start order, concurrent trials included; trials take similar times), the
     earlier of two equally near: the same study always gives the same answer."""
-    runs = anchors(study)
+    return _nearest(anchors(study), t)
+
+
+def _nearest(runs: list[FrozenTrial], t: FrozenTrial) -> FrozenTrial | None:
     return min(runs, key=lambda a: (abs(a.number - t.number), a.number)) if runs else None
 
 
@@ -165,6 +169,15 @@ def anchored_speedup(study: optuna.Study, t: FrozenTrial) -> float | None:
     """``t``'s throughput over that of the run of the defaults nearest to it in time."""
     a = nearest_anchor(study, t)
     return None if a is None else throughput(t) / throughput(a)
+
+
+def anchored_speedups(done: list[FrozenTrial]) -> dict[int, float]:
+    """``anchored_speedup`` of each of the COMPLETE trials ``done`` (one read of a study),
+    by number."""
+    runs = [t for t in done if t.user_attrs.get("baseline")]
+    if not runs:
+        return {}
+    return {t.number: throughput(t) / throughput(_nearest(runs, t)) for t in done}
 
 
 def enqueue_anchor(study: optuna.Study, space: ResolvedSpace, why: str) -> None:

@@ -28,7 +28,7 @@ from autotune.events import (
 from autotune.knobs import changed_knobs
 from autotune.measure import Measurer
 from autotune.stats import choose, interleave
-from autotune.study_record import anchored_speedup, baseline_trial, complete
+from autotune.study_record import anchored_speedups, baseline_trial, complete
 from autotune.studydef import StudyDefinition
 
 __all__ = ["candidates", "revalidate"]
@@ -43,8 +43,9 @@ def candidates(study: optuna.Study, top: int) -> dict[str, optuna.trial.FrozenTr
         return {}
     out: dict[str, optuna.trial.FrozenTrial] = {}
     seen = {tuple(sorted(base.params.items()))}
-    speedups = {t.number: anchored_speedup(study, t) or 0.0 for t in complete(study)}
-    for t in sorted(complete(study), key=lambda t: -speedups[t.number]):
+    done = complete(study)
+    speedups = anchored_speedups(done)
+    for t in sorted(done, key=lambda t: -speedups[t.number]):
         key = tuple(sorted(t.params.items()))
         if t.user_attrs.get("baseline") or key in seen or speedups[t.number] <= 1.0:
             continue
