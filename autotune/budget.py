@@ -81,33 +81,31 @@ class Budget:
             if rerun_wall_s is not None:
                 self._rerun_walls.append(rerun_wall_s)
 
-    def validation_plan(self) -> tuple[int, int] | None:
-        """(candidates, rounds) of the re-validation at the end of the run; None when no
-        trial has ended yet or re-validation does not fit (``validation_plan``)."""
+    def _medians(self) -> tuple[float, float] | None:
+        """(a search trial's wall seconds, a re-validation run's) as the medians so far; None
+        before any trial ended. A failed trial has no re-validation run: when none has one,
+        a run is taken to be as long as a trial."""
         with self._lock:
             if not self._walls:
                 return None
             wall = statistics.median(self._walls)
-            run = statistics.median(self._rerun_walls) if self._rerun_walls else wall
-        return validation_plan(self.d, self.total_s, run)
+            return wall, statistics.median(self._rerun_walls) if self._rerun_walls else wall
 
-    def rerun_wall_s(self) -> float | None:
-        """What a short re-measurement run takes (None before any trial ended)."""
-        with self._lock:
-            if not self._walls:
-                return None
-            walls = self._rerun_walls or self._walls
-            return statistics.median(walls)
+    def validation_plan(self) -> tuple[int, int] | None:
+        """(candidates, rounds) of the re-validation at the end of the run; None when no
+        trial has ended yet or re-validation does not fit (``validation_plan``)."""
+        medians = self._medians()
+        return None if medians is None else validation_plan(self.d, self.total_s, medians[1])
 
     def ablation_rounds(self, knobs: int) -> int:
         """Rounds of the ablation of a winner changing ``knobs`` knobs (the winner and one
         variant per knob each round) that the budget left holds, at most the re-validation's
         (``ablation.ablate`` needs 2)."""
-        run = self.rerun_wall_s()
-        plan = self.validation_plan()
-        if run is None or plan is None:
+        medians = self._medians()
+        plan = None if medians is None else validation_plan(self.d, self.total_s, medians[1])
+        if medians is None or plan is None:
             return 0
-        return min(plan[1], int(self.left_s() // ((knobs + 1) * run)))
+        return min(plan[1], int(self.left_s() // ((knobs + 1) * medians[1])))
 
     def room_for_another(self, *, to_revalidate: int, ablate: int = 0) -> bool:
         """Whether the budget left holds a typical trial and, when there are configurations
@@ -117,15 +115,14 @@ class Budget:
         left = self.left_s()
         if left <= 0:
             return False
-        with self._lock:
-            if not self._walls:
-                return True
-            wall = statistics.median(self._walls)
-            run = statistics.median(self._rerun_walls) if self._rerun_walls else wall
+        medians = self._medians()
+        if medians is None:
+            return True
+        wall, run = medians
         plan = validation_plan(self.d, self.total_s, run)
-        runs = (
-            0 if plan is None or not to_revalidate else (min(to_revalidate, plan[0]) + 1) * plan[1]
-        )
+        runs = 0
+        if plan is not None and to_revalidate:
+            runs = (min(to_revalidate, plan[0]) + 1) * plan[1]
         if runs and ablate >= 2:
             runs += (ablate + 1) * plan[1]
         return left >= wall + run * runs
