@@ -27,13 +27,14 @@ import optuna
 
 from autotune.budget import Budget
 from autotune.config import TrialConfig
-from autotune.errors import TrialFailed
-from autotune.events import Emit, Note, ValidationRun
+from autotune.events import Emit, Note
 from autotune.knobs import changed_knobs
 from autotune.measure import Measurer
+from autotune.results import TrialResult
 from autotune.space import ResolvedSpace
 from autotune.stats import interleave, speedup_ci
 from autotune.studydef import StudyDefinition
+from autotune.validation import measure_interleaved
 
 __all__ = ["ablate", "variants"]
 
@@ -93,25 +94,15 @@ def ablate(
     )
     m = definition.measure
     short = replace(m, max_windows=m.min_windows)
-    runs: dict[str, list[float]] = {k: [] for k in keys}
-    failed: dict[str, str] = {}
-    timed_s = 0.0
-    for key in order:
-        if key in failed:
-            continue
-        try:
-            result = measure(number, configs[key], measure=short)
-        except TrialFailed as e:
-            failed[key] = f"{e.reason}: {e.detail}"
-            emit(ValidationRun(key=key, failure=failed[key]))
-            if key == WINNER:
-                emit(Note("The winner failed during ablation: every knob it changes is kept"))
-                return None
-            continue
-        runs[key].append(result.throughput)
-        timed_s += result.window_s
-        ci = result.interval
-        emit(ValidationRun(key=key, throughput=ci.median, rel_half_width=ci.rel_half_width))
+
+    def run(key: str) -> TrialResult:
+        return measure(number, configs[key], measure=short)
+
+    done = measure_interleaved(keys, order, run, emit, essential=WINNER)
+    if done is None:
+        emit(Note("The winner failed during ablation: every knob it changes is kept"))
+        return None
+    runs, failed, timed_s = done
     contributions: dict[str, dict[str, Any]] = {}
     for k, p in options.items():
         key = f"without {k}"
@@ -121,8 +112,8 @@ def ablate(
         elif key in failed:
             entry.update(kept=True, why=f"the variant without it failed ({failed[key]})")
         else:
-            pairs = [(a, b) for a, b in zip(runs[WINNER], runs[key], strict=False)]
-            sp = speedup_ci([a for a, _ in pairs], [b for _, b in pairs], CONFIDENCE)
+            n = min(len(runs[WINNER]), len(runs[key]))  # paired by round
+            sp = speedup_ci(runs[WINNER][:n], runs[key][:n], CONFIDENCE)
             entry.update(speedup=[sp.low, sp.median, sp.high], kept=sp.low > 1.0)
         contributions[k] = entry
     together = not any(c["kept"] for c in contributions.values())

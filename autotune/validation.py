@@ -10,6 +10,7 @@ runs in few. Called from the main thread after the search, on the first placemen
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -27,11 +28,12 @@ from autotune.events import (
 )
 from autotune.knobs import changed_knobs
 from autotune.measure import Measurer
+from autotune.results import TrialResult
 from autotune.stats import choose, interleave
 from autotune.study_record import anchored_speedups, baseline_trial, complete
 from autotune.studydef import StudyDefinition
 
-__all__ = ["candidates", "revalidate"]
+__all__ = ["candidates", "measure_interleaved", "revalidate"]
 
 
 def candidates(study: optuna.Study, top: int) -> dict[str, optuna.trial.FrozenTrial]:
@@ -54,6 +56,41 @@ def candidates(study: optuna.Study, top: int) -> dict[str, optuna.trial.FrozenTr
         if len(out) == top:
             break
     return out
+
+
+def measure_interleaved(
+    keys: list[str],
+    order: list[str],
+    run: Callable[[str], TrialResult],
+    emit: Emit,
+    *,
+    essential: str,
+) -> tuple[dict[str, list[float]], dict[str, str], float] | None:
+    """Measure each of ``keys`` in the ``order`` given with ``run`` (an interleaved design:
+    every key once per round), saying each result (``ValidationRun``); a key whose run fails is not
+    measured again. Returns each key's throughputs (a failed key's up to its failure), the
+    failed keys with their reason, and the seconds inside timed windows; None as soon as the
+    ``essential`` key fails (the comparison has no reference then). Re-validation and
+    ablation (``autotune.ablation``) both measure this way."""
+    runs: dict[str, list[float]] = {k: [] for k in keys}
+    failed: dict[str, str] = {}
+    timed_s = 0.0
+    for key in order:
+        if key in failed:
+            continue
+        try:
+            result = run(key)
+        except TrialFailed as e:
+            failed[key] = f"{e.reason}: {e.detail}"
+            emit(ValidationRun(key=key, failure=failed[key]))
+            if key == essential:
+                return None
+            continue
+        runs[key].append(result.throughput)
+        timed_s += result.window_s
+        ci = result.interval
+        emit(ValidationRun(key=key, throughput=ci.median, rel_half_width=ci.rel_half_width))
+    return runs, failed, timed_s
 
 
 def revalidate(
@@ -83,37 +120,24 @@ def revalidate(
     m = definition.measure
     rerun = replace(m, max_windows=m.min_windows)
     emit(ValidationStarted(candidates=list(picked), rounds=rounds, runs=len(order)))
-    runs: dict[str, list[float]] = {k: [] for k in keys}
-    failed: dict[str, str] = {}
-    timed_s = 0.0  # seconds inside timed windows, for the budget's efficiency
     trials = {"baseline": base, **picked}
-    for key in order:
-        if key in failed:
-            continue
+
+    def run(key: str) -> TrialResult:
         emit(
             TrialStarted(
                 tag=f"re-validating {key}", changes=changed_knobs(trials[key].params, defaults)
             )
         )
-        try:
-            config = TrialConfig.from_dict(trials[key].user_attrs["config"])
-            result = measure(trials[key].number, config, measure=rerun)
-        except TrialFailed as e:
-            failed[key] = f"{e.reason}: {e.detail}"
-            emit(ValidationRun(key=key, failure=failed[key]))
-            if key == "baseline":
-                emit(
-                    ValidationDone(
-                        winner=None, reason="The baseline failed: re-validation abandoned"
-                    )
-                )
-                return None
-            runs.pop(key)
-            continue
-        runs[key].append(result.throughput)
-        timed_s += result.window_s
-        ci = result.interval
-        emit(ValidationRun(key=key, throughput=ci.median, rel_half_width=ci.rel_half_width))
+        config = TrialConfig.from_dict(trials[key].user_attrs["config"])
+        return measure(trials[key].number, config, measure=rerun)
+
+    done = measure_interleaved(keys, order, run, emit, essential="baseline")
+    if done is None:
+        emit(ValidationDone(winner=None, reason="The baseline failed: re-validation abandoned"))
+        return None
+    runs, failed, timed_s = done
+    for key in failed:
+        runs.pop(key)
     if len(runs) < 2:
         emit(ValidationDone(winner=None, reason="Every candidate failed: nothing to re-validate"))
         return None
