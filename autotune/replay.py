@@ -161,11 +161,6 @@ class ReplayMeasurer:
     def trial_timeout(self) -> float:
         return 300.0
 
-    def key(self, number: int) -> str:
-        """The grid point trial ``number`` measures."""
-        values = self.space.values_from_params(self.study.trials[number].params)
-        return point_key({k: values[k] for k in self.landscape.grid})
-
     def config_key(self, config: TrialConfig) -> str:
         """The grid point a configuration is (every grid knob read back from it)."""
         values = {

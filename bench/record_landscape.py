@@ -37,6 +37,7 @@ from autotune.config import TrialConfig
 from autotune.errors import TrialFailed
 from autotune.knobs import Target
 from autotune.launcher import TrialRunner
+from autotune.replay import point_key
 from autotune.space import SearchSpace
 from autotune.studydef import StudyDefinition
 from autotune.workload import load_workload
@@ -62,11 +63,6 @@ def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
         dict(zip(names, combo, strict=True))
         for combo in itertools.product(*(grid[n] for n in names))
     ]
-
-
-def key_of(point: dict[str, Any]) -> str:
-    """A point's key in the file: ``name=value`` pairs, sorted, joined by commas."""
-    return ",".join(f"{k}={point[k]}" for k in sorted(point))
 
 
 def main() -> None:
@@ -131,7 +127,7 @@ def main() -> None:
         base_cfg = TrialConfig.from_values(defaults, target)
         out["hardware"] = {k: hw.get(k) for k in ("device", "cpus", "torch", "bf16")}
         out["grid"] = grid
-        out["baseline_key"] = key_of(base_point)
+        out["baseline_key"] = point_key(base_point)
         # The cold-baseline experiment.
         cold: dict[str, list[dict[str, Any]]] = {}
         cold["fresh_after_ray_start"] = [measure(first, base_cfg, 0)]
@@ -148,7 +144,7 @@ def main() -> None:
         save()
         # The grid, interleaved by round.
         points = grid_points(grid)
-        runs: dict[str, list[dict[str, Any]]] = {key_of(p): [] for p in points}
+        runs: dict[str, list[dict[str, Any]]] = {point_key(p): [] for p in points}
         out["points"] = runs
         rng = random.Random(a.seed)
         n = 10
@@ -159,9 +155,9 @@ def main() -> None:
                 values = {**defaults, **p}
                 rec = measure(third, TrialConfig.from_values(values, target), n)
                 rec["round"] = rnd
-                runs[key_of(p)].append(rec)
+                runs[point_key(p)].append(rec)
                 n += 1
-                print(rnd, key_of(p), rec.get("windows") or rec.get("failed"), flush=True)
+                print(rnd, point_key(p), rec.get("windows") or rec.get("failed"), flush=True)
             save()
         out["wall_s"] = round(time.monotonic() - started, 1)
         save()
