@@ -68,14 +68,19 @@ def runs_of_the_defaults(trials) -> list[int]:
     return marked
 
 
-def reference(trials, t) -> float:
-    """The throughput a trial's speedup is taken against: the latest run of the defaults that
-    completed before it (for a run of the defaults itself, the first baseline)."""
-    done = [
-        s for s in trials
-        if s.user_attrs.get("baseline") and "throughput" in s.user_attrs and s.number < t.number
-        and s.state.name == "COMPLETE"
+def defaults_before(trials, number: int) -> list[float]:
+    """The throughputs of the runs of the defaults that completed, numbered before ``number``
+    (a trial's speedup is against one of them: with concurrent trials or several drivers, the
+    latest one done when it started)."""
+    return [
+        s.user_attrs["throughput"] for s in trials
+        if s.user_attrs.get("baseline") and s.state.name == "COMPLETE" and s.number < number
     ]  # fmt: skip
-    if t.user_attrs.get("baseline"):
-        return done[0].user_attrs["throughput"]
-    return done[-1].user_attrs["throughput"]
+
+
+def reference(trials, t) -> float:
+    """The throughput a trial's speedup is taken against when trials run one at a time: the
+    latest run of the defaults before it (for a run of the defaults itself, the first
+    baseline)."""
+    done = defaults_before(trials, t.number)
+    return done[0] if t.user_attrs.get("baseline") else done[-1]

@@ -12,7 +12,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.conftest import autotune_cmd
-from tests.integration.conftest import runs_of_the_defaults
+from tests.integration.conftest import defaults_before, runs_of_the_defaults
 from tests.integration.raycluster import ray_cluster
 
 pytestmark = pytest.mark.integration
@@ -54,11 +54,9 @@ def test_two_trials_run_at_once_after_the_baseline(four_cpus, run_env):
     # Every measured trial's speedup is against a run of the defaults before it: the baseline,
     # or a re-anchoring run (the latest done when the trial started).
     runs_of_the_defaults(trials)
-    defaults = {t.number: t.user_attrs["throughput"] for t in trials
-                if t.user_attrs.get("baseline") and t.state == TrialState.COMPLETE}  # fmt: skip
     for t in others:
         if "throughput" in t.user_attrs and not t.user_attrs.get("baseline"):
-            ratios = [t.user_attrs["throughput"] / v for n, v in defaults.items() if n < t.number]
+            ratios = [t.user_attrs["throughput"] / v for v in defaults_before(trials, t.number)]
             assert any(r == pytest.approx(t.user_attrs["speedup"], rel=1e-3) for r in ratios)
     for t in trials:
         if t.state == TrialState.FAIL:

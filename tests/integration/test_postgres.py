@@ -21,7 +21,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.conftest import autotune_cmd
-from tests.integration.conftest import runs_of_the_defaults
+from tests.integration.conftest import defaults_before, runs_of_the_defaults
 from tests.integration.raycluster import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
@@ -92,15 +92,11 @@ def test_two_drivers_work_on_one_study(postgres_url, run_env, tmp_path):
     # runs of the defaults are re-anchoring runs, marked so).
     first = runs_of_the_defaults(trials)[0]
     assert trials[first].state == TrialState.COMPLETE
-    base_runs = {
-        s.number: s.user_attrs["throughput"] for s in trials
-        if s.user_attrs.get("baseline") and s.state == TrialState.COMPLETE
-    }  # fmt: skip
     for t in trials:
         if "speedup" in t.user_attrs and not t.user_attrs.get("baseline"):
             # against a run of the defaults measured before it (with two drivers, the latest
             # one done when the trial started)
-            ratios = [t.user_attrs["throughput"] / v for n, v in base_runs.items() if n < t.number]
+            ratios = [t.user_attrs["throughput"] / v for v in defaults_before(trials, t.number)]
             assert any(r == pytest.approx(t.user_attrs["speedup"], rel=1e-3) for r in ratios)
     assert "New study quick-mlp-gloo-2r" in "".join(outs)
     assert "Resuming study quick-mlp-gloo-2r" in "".join(outs)
