@@ -43,7 +43,6 @@ from autotune.study_record import (
     DRIVER,
     anchors,
     baseline_trial,
-    baseline_value,
     incumbent,
     measurement_attrs,
     record_failure,
@@ -86,12 +85,14 @@ class Objective:
         config = TrialConfig.from_values(values, self.space.target)
         trial.set_user_attr("config", config.to_dict())
         is_baseline = bool(trial.user_attrs.get("baseline"))
-        baseline = baseline_value(self.study)
+        # every measured run of the defaults: the first is the baseline, the latest the
+        # nearest so far
+        runs = anchors(self.study)
+        baseline = throughput(runs[0]) if runs else None
+        reference = throughput(runs[-1]) if runs else None
         # a run of the defaults after the first baseline: it re-anchors speedups, and failing
         # is a trial's failure, not the run's
         is_anchor = is_baseline and baseline is not None
-        runs = anchors(self.study)
-        reference = throughput(runs[-1]) if runs else None  # the defaults nearest so far
         changes = changed_knobs(trial.params, self.space.defaults())
         self.emit(TrialStarted(tag=tag(trial), changes=changes))
         try:

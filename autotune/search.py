@@ -224,10 +224,11 @@ class Search:
         first baseline nor the slow drift of a shared machine biases them."""
         with self._lock:
             trials = self.study.get_trials(deepcopy=False)
-            marked = [t.number for t in trials if t.user_attrs.get("baseline")]
-            if any(not t.state.is_finished() for t in trials if t.user_attrs.get("baseline")):
+            marked = [t for t in trials if t.user_attrs.get("baseline")]
+            if any(not t.state.is_finished() for t in marked):
                 return  # one is queued or running
-            since = [t for t in trials if t.number > max(marked, default=-1)]
+            last = max((t.number for t in marked), default=-1)
+            since = [t for t in trials if t.number > last]
             if sum(t.state.is_finished() for t in since) >= ANCHOR_EVERY:
                 enqueue_anchor(self.study, self.space, f"every {ANCHOR_EVERY} trials")
 
