@@ -6,10 +6,10 @@ import os
 import socket
 from typing import Any
 
-__all__ = ["describe", "differences"]
+__all__ = ["describe", "differences", "nvlink_active"]
 
 #: The ``hardware`` keys that a profile's measurements depend on.
-COMPARED = ("device", "device_name", "device_count", "torch", "nccl")
+COMPARED = ("device", "device_name", "device_count", "torch", "cuda", "nccl")
 
 
 def describe(backend: str) -> dict[str, Any]:
@@ -33,9 +33,12 @@ def describe(backend: str) -> dict[str, Any]:
             device_name=props.name,
             device_count=torch.cuda.device_count(),
             capability=f"{props.major}.{props.minor}",
+            memory_gib=round(props.total_memory / 2**30, 1),
             bf16=bool(torch.cuda.is_bf16_supported()),
             tf32=props.major >= 8,
+            cuda=torch.version.cuda,
             nccl=".".join(map(str, torch.cuda.nccl.version())),
+            **_nvidia_smi(),
         )
     else:
         name = platform.processor() or platform.machine()
@@ -52,6 +55,49 @@ def describe(backend: str) -> dict[str, Any]:
             device="cpu", device_name=name, device_count=info["cpus"], bf16=True, tf32=False
         )
     return info
+
+
+#: How long ``nvidia-smi`` may take to answer before the fields it gives are left unknown.
+SMI_TIMEOUT_S = 10.0
+
+
+def _nvidia_smi() -> dict[str, Any]:
+    """The driver version and whether the visible GPUs are linked by NVLink, from
+    ``nvidia-smi`` (torch reports neither). ``driver``: the version string or None;
+    ``nvlink``: True when some GPU has an active NVLink, False when none has, None when
+    ``nvidia-smi`` could not say (not installed, timed out). One GPU alone has no NVLink peer:
+    False there says so."""
+    import shutil
+    import subprocess
+
+    out: dict[str, Any] = {"driver": None, "nvlink": None}
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return out
+
+    def ask(*args: str) -> str | None:
+        try:
+            p = subprocess.run(
+                [smi, *args], capture_output=True, text=True, timeout=SMI_TIMEOUT_S, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return p.stdout if p.returncode == 0 else None
+
+    driver = ask("--query-gpu=driver_version", "--format=csv,noheader")
+    if driver and driver.strip():
+        out["driver"] = driver.strip().splitlines()[0].strip()
+    status = ask("nvlink", "--status")
+    if status is not None:  # "Link 0: 26.562 GB/s" per active link; nothing without NVLink
+        out["nvlink"] = nvlink_active(status)
+    return out
+
+
+def nvlink_active(status: str) -> bool:
+    """Whether ``nvidia-smi nvlink --status`` output shows an active link (a ``Link N: <speed>``
+    line; inactive links read ``<inactive>``)."""
+    links = [ln.strip() for ln in status.splitlines() if ln.strip().startswith("Link ")]
+    return any(":" in ln and "inactive" not in ln.split(":", 1)[1].lower() for ln in links)
 
 
 def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:

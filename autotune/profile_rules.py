@@ -46,7 +46,17 @@ PROFILE_VERSION = 1
 SECTIONS = {
     "study": ("name", "best_trial", "baseline_trial"),
     "workload": ("trainer", "options", "world_size", "backend", "global_batch", "free_batch"),
-    "hardware": ("device", "device_name", "device_count", "node_count", "torch", "nccl"),
+    "hardware": (
+        "device",
+        "device_name",
+        "device_count",
+        "node_count",
+        "torch",
+        "cuda",
+        "driver",
+        "nccl",
+        "nvlink",
+    ),  # fmt: skip
     "measured": (
         "baseline_samples_per_s",
         "best_samples_per_s",

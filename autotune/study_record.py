@@ -28,6 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune import storage as storage_mod
 from autotune.errors import ConfigError, FailureReason, TrialFailed
 from autotune.events import StudyOpened
+from autotune.profile_rules import SECTIONS
 from autotune.results import TrialResult
 from autotune.samplers import make_sampler
 from autotune.space import ResolvedSpace
@@ -333,10 +334,7 @@ def open_study(
     rec.update(
         version=1,
         workload=workload,
-        hardware={
-            k: hw.get(k)
-            for k in ("device", "device_name", "device_count", "node_count", "torch", "nccl")
-        },
+        hardware={k: hw.get(k) for k in SECTIONS["hardware"]},
         space=space.to_mapping(),
         left_out=[str(x) for x in space.dropped],
     )

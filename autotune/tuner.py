@@ -297,6 +297,7 @@ def _place(
             bf16=hw["bf16"],
             tf32=hw["tf32"],
             free_batch=d.free_batch,
+            ranks_per_node=ranks_per_node,
         )
     except BaseException:
         for r in runners:

@@ -179,3 +179,24 @@ def underflow(*, scale: float = 1e-10, **options) -> Workload:
     wl.loss = lambda out, y: torch.nn.functional.mse_loss(out, y) * scale
     wl.optimizer = lambda params: torch.optim.Adam(params, lr=0.02, eps=1e-20)
     return wl
+
+
+def gpu_hog(*, mib_per_sample: int = 16, **options) -> Workload:
+    """The tiny MLP with a forward pass that holds ``mib_per_sample`` MiB of activations per
+    sample: a micro-batch that the GPU cannot hold raises torch's real CUDA out-of-memory error
+    (not a planted one, as ``cuda_oom`` is), a smaller one trains."""
+    wl = tiny(**options)
+    build = wl.model
+    wide = mib_per_sample * 2**18 // 64  # float32 elements per feature, 64 features
+
+    class Hog(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = build()
+
+        def forward(self, x):
+            big = x.unsqueeze(-1).expand(*x.shape, wide) * 1.0001  # materialised
+            return self.inner(big.mean(-1))
+
+    wl.model = Hog
+    return wl

@@ -34,6 +34,18 @@ def test_baseline_config_sets_only_torchruns_thread_default():
     assert (c.micro_batch, c.accumulation_steps, c.global_batch) == (64, 1, 256)
 
 
+def test_the_thread_default_is_torchruns_for_the_ranks_a_node_holds():
+    import dataclasses
+
+    # torchrun sets OMP_NUM_THREADS=1 when it starts several ranks on a node, and leaves torch
+    # its own default (every core) for one: the baseline must be what a plain script gets.
+    for per_node, threads in ((4, "1"), (None, "1"), (1, "4")):
+        t = dataclasses.replace(GPU, world_size=1, global_batch=64, ranks_per_node=per_node)
+        r = SearchSpace.load("default").resolve(t)
+        assert TrialConfig.from_values(r.defaults(), t).env == {"OMP_NUM_THREADS": threads}
+        assert r.baseline_params()["threads"] == int(threads)
+
+
 def test_each_value_lands_where_it_acts():
     c = TrialConfig.from_values(
         values(
@@ -86,7 +98,10 @@ def make_profile(**config_changes) -> Profile:
             "device_count": 4,
             "node_count": 1,
             "torch": "2.13.0",
+            "cuda": "13.0",
+            "driver": "580.159.04",
             "nccl": "2.27.3",
+            "nvlink": True,
         },
         measured={
             "baseline_samples_per_s": 100.0,
@@ -155,3 +170,11 @@ def test_profile_loader_rejects_what_is_wrong_naming_file_and_key(tmp_path, edit
 def test_save_is_atomic_and_leaves_no_temporary_files(tmp_path):
     make_profile().save(tmp_path / "p.yaml")
     assert [f.name for f in tmp_path.iterdir()] == ["p.yaml"]
+
+
+def test_nvlink_is_read_from_nvidia_smi_link_lines():
+    from autotune.hardware import nvlink_active
+
+    assert nvlink_active("GPU 0: NVIDIA H100 (UUID: x)\n\t Link 0: 26.562 GB/s\n") is True
+    assert nvlink_active("GPU 0: NVIDIA H100 (UUID: x)\n\t Link 0: <inactive>\n") is False
+    assert nvlink_active("") is False  # one GPU with no NVLink prints nothing
