@@ -199,9 +199,12 @@ class Screening:
             moves: dict[str, Any] = {}
             for s in sorted(helped, key=lambda s: s["speedup"]):  # the better value last
                 moves.update(s["moves"])
-            params = moved(self.space, moves) if len(helped) >= 2 else None
+            # Two values of one knob (bf16 and tf32) combine into the better one alone: a
+            # combination is worth a trial only when two priors still move it.
+            kept = [s for s in helped if all(moves[k] == v for k, v in s["moves"].items())]
+            params = moved(self.space, moves) if len(kept) >= 2 else None
             if params is not None:  # else nothing to combine: the sampler takes over
-                labels = [s["label"] for s in helped]
+                labels = [s["label"] for s in kept]
                 self.study.enqueue_trial(params, user_attrs={"combination": labels})
             return ScreeningDone(effects=list(summary.values()), combined=labels)
 

@@ -89,6 +89,16 @@ def test_no_combination_when_fewer_than_two_switches_help():
     assert "screening" in r.study.user_attrs
 
 
+def test_two_values_of_one_knob_that_help_are_not_a_combination():
+    # As bf16 and tf32 on an H100: both help, but one trial can hold only one of them, and
+    # the better one alone was already measured by its screening trial.
+    effects = {("bucket_cap_mb", 100.0): 1.10, ("bucket_cap_mb", 5.0): 1.05}
+    r = replay(landscape(effects), seed=0, n_trials=10)
+    summary = r.study.user_attrs["screening"]
+    assert {k for k, s in summary.items() if s["helps"]} == {"bucket_cap_mb=100", "bucket_cap_mb=5"}
+    assert not [t for t in r.study.trials if "combination" in t.user_attrs]
+
+
 def test_a_stop_during_screening_leaves_nothing_queued_and_a_resume_goes_on():
     import optuna
 
