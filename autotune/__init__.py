@@ -20,4 +20,7 @@ __all__ = [
     "TrialFailed",
     "Workload",
 ]
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # pyproject.toml's version (tests/unit/test_layout.py)
+#: The distribution's name on a package index (the import package and the command are
+#: ``autotune``; an unrelated ``autotune`` exists on the public index).
+DISTRIBUTION = "ddp-autotune"

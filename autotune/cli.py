@@ -42,8 +42,32 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"autotune: error: {message} (see {self.prog} --help)\n")
 
 
+DESCRIPTION = (
+    "Tune the throughput of a PyTorch DDP job: an Optuna study of short, real DDP trials "
+    "launched through Ray, measured against PyTorch's defaults, exported as a YAML profile "
+    "that your training script applies."
+)
+
+
+def version_line() -> str:
+    """``autotune --version``: this release and the versions a bug report needs."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import autotune
+
+    def of(dist: str) -> str:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return "not installed"
+
+    parts = ", ".join(f"{d} {of(d)}" for d in ("torch", "optuna", "ray"))
+    return f"autotune {autotune.__version__} ({autotune.DISTRIBUTION}; {parts})"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="autotune", description=__doc__.splitlines()[0])
+    p = Parser(prog="autotune", description=DESCRIPTION)
+    p.add_argument("--version", action="version", version=version_line())
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     _add_run(sub)
     cli_study.add_commands(sub)

@@ -1,8 +1,9 @@
 """Ray as the run sees it: start a local instance or join a cluster, and plan how one trial's
 ranks sit on its nodes.
 
-* ``connect(address)`` starts a local Ray instance (``address=None``) or joins an existing
-  cluster (``auto`` or ``HOST:PORT``), failing in seconds with a one-line error when nothing
+* ``connect(address)`` starts a local Ray instance (``address=None`` and no ``RAY_ADDRESS``)
+  or joins an existing cluster (``auto`` or ``HOST:PORT``, from the flag or ``RAY_ADDRESS``),
+  failing in seconds with a one-line error when nothing
   answers there. A local instance's node IP is 127.0.0.1: all its servers listen on loopback
   only (``_compat.loopback_node_ip``), and so do the ranks' rendezvous and gloo (``pool``). A
   cluster's nodes keep the address they were started with.
@@ -37,6 +38,16 @@ class RayConnection:
     started_here: bool
     owned: bool = True
     """False when Ray was already initialised by the caller (library use): left as found."""
+    from_env: bool = False
+    """The address came from ``RAY_ADDRESS``, not ``--address``."""
+
+    def describe(self) -> str | None:
+        """The line a run prints about a cluster it joined; None for a local instance."""
+        if self.address is None or not self.owned:
+            return None
+        return f"Joined the Ray cluster at {self.address}" + (
+            " (RAY_ADDRESS)" if self.from_env else ""
+        )
 
     def close(self) -> None:
         import ray
@@ -45,26 +56,32 @@ class RayConnection:
             ray.shutdown()
 
 
-def _check_reachable(address: str) -> str:
+def _address_flag(address: str, from_env: bool) -> str:
+    """How an error names the address: the flag, or the variable it came from."""
+    return f"RAY_ADDRESS={address}" if from_env else f"--address {address}"
+
+
+def _check_reachable(address: str, from_env: bool = False) -> str:
     """Fail fast where ray.init would retry for minutes: nothing answers at HOST:PORT. Returns
     the host that answered."""
-    fix = "start one with `ray start --head` or leave --address out to start a local instance"
+    name = _address_flag(address, from_env)
+    leave = "unset RAY_ADDRESS" if from_env else "leave --address out"
+    fix = f"start one with `ray start --head` or {leave} to start a local instance"
     resolved = address
     if address == "auto":
         resolved = bootstrap_address(address)
         if not resolved:
-            raise ConfigError(
-                f"--address auto: no running Ray cluster found on this machine; {fix}"
-            )
+            raise ConfigError(f"{name}: no running Ray cluster found on this machine; {fix}")
     host, sep, port = resolved.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"--address {address}: expected auto or HOST:PORT (e.g. 127.0.0.1:6379)")
+    if not sep or not port.isdigit() or "/" in host:
+        raise ConfigError(
+            f"{name}: expected auto or HOST:PORT, the cluster's GCS address (e.g. "
+            f"127.0.0.1:6379); {leave} to start a local instance"
+        )
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
     except OSError as e:
-        raise ConfigError(
-            f"--address {address}: nothing answers there ({e.strerror or e}); {fix}"
-        ) from None
+        raise ConfigError(f"{name}: nothing answers there ({e.strerror or e}); {fix}") from None
     return host.strip("[]")
 
 
@@ -85,10 +102,15 @@ def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayC
 
     if ray.is_initialized():
         return RayConnection(address=address, started_here=False, owned=False)
+    # RAY_ADDRESS, which Ray's own tools set (`ray job submit`, a `ray start` node's shell),
+    # joins like --address; the flag wins when both are given.
+    from_env = address is None and bool(os.environ.get("RAY_ADDRESS", "").strip())
+    if from_env:
+        address = os.environ["RAY_ADDRESS"].strip()
     # A cluster whose head listens on loopback (a local `ray start --head` like autotune's own
     # local instance) is joined with this node's IP as 127.0.0.1 too: Ray looks for the node's
     # raylet at the driver's node IP.
-    loopback = address is None or _is_loopback(_check_reachable(address))
+    loopback = address is None or _is_loopback(_check_reachable(address, from_env))
     env_vars: dict[str, str] = {}
     if address is None and extra_pythonpath:
         env_vars["PYTHONPATH"] = os.pathsep.join(
@@ -104,19 +126,20 @@ def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayC
     if address is None:
         kwargs["include_dashboard"] = False
     try:
-        # "local": always a new instance, even where RAY_ADDRESS or a `ray start` cluster
-        # exists (Ray would join those on address=None); --address is how to join one. Its
-        # node IP is 127.0.0.1, so nothing of it listens beyond loopback.
+        # "local": always a new instance, even where a `ray start` cluster exists (Ray would
+        # join it on address=None); --address or RAY_ADDRESS is how to join one. Its node IP
+        # is 127.0.0.1, so nothing of it listens beyond loopback.
         with loopback_node_ip() if loopback else contextlib.nullcontext():
             ray.init(address=address or "local", **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(
-            f"--address {address}: Ray would not connect ({first}); if the cluster uses token "
-            f"authentication, set RAY_AUTH_MODE=token and make its token available, else "
-            f"start one with `ray start --head` or leave --address out"
+            f"{_address_flag(str(address), from_env)}: Ray would not connect ({first}); if the "
+            f"cluster uses token authentication, set RAY_AUTH_MODE=token and make its token "
+            f"available, else start one with `ray start --head` or "
+            f"{'unset RAY_ADDRESS' if from_env else 'leave --address out'}"
         ) from None
-    return RayConnection(address=address, started_here=address is None)
+    return RayConnection(address=address, started_here=address is None, from_env=from_env)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from autotune.rank import RankResult, RankSpec
 from autotune.results import TrialResult
 from autotune.stats import Interval
 
-__all__ = ["TrialRunner"]
+__all__ = ["TrialRunner", "local_ranks"]
 
 #: How long a placement group may take to be placed before the run gives up.
 PLACEMENT_TIMEOUT_S = 60.0
@@ -40,6 +40,19 @@ ROOT_CAUSE_WAIT_S = 3.0
 NODE_DEATH_WAIT_S = 20.0
 #: How long a trial waits for the placement group to be placed again after a node was lost.
 REPLACEMENT_TIMEOUT_S = 30.0
+
+
+def local_ranks(nodes: dict[int, str], world_size: int) -> list[tuple[int, int]]:
+    """(local rank, ranks on the node) of each rank, from ``nodes`` (rank -> node id); ranks
+    whose node is not known count as one node."""
+    on: dict[str, list[int]] = {}
+    for rank in range(world_size):
+        on.setdefault(nodes.get(rank, "?"), []).append(rank)
+    out = [(0, 1)] * world_size
+    for ranks in on.values():
+        for i, rank in enumerate(ranks):
+            out[rank] = (i, len(ranks))
+    return out
 
 
 class TrialRunner:
@@ -140,6 +153,7 @@ class TrialRunner:
         try:
             addr, port = self.pool.ready(config.env, deadline)
             nodes = self._bundle_nodes()
+            local = local_ranks(nodes, self.world_size)
             actors = self.pool.actors
             refs = {
                 actors[i].run.remote(
@@ -158,6 +172,8 @@ class TrialRunner:
                         timeout_s=timeout_s,
                         max_memory_mb=max_memory_mb,
                         incumbent=None if incumbent is None else incumbent.to_dict(),
+                        local_rank=local[i][0],
+                        local_world_size=local[i][1],
                     )
                 ): i
                 for i in range(self.world_size)

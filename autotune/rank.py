@@ -82,6 +82,10 @@ class RankSpec:
     (checked after each optimizer step)."""
     incumbent: dict[str, Any] | None = None
     """The best trial's throughput interval (``Interval.to_dict``): prune below it."""
+    local_rank: int = 0
+    """This rank's index among the trial's ranks on its node."""
+    local_world_size: int = 1
+    """The trial's ranks on this rank's node."""
 
 
 @dataclass(kw_only=True)
@@ -165,6 +169,22 @@ def listening_store(host: str, port: int = 0, timeout: timedelta | None = None) 
     return store
 
 
+def torchrun_env(spec: RankSpec) -> dict[str, str]:
+    """The variables torchrun gives a worker, for the process group this trial creates, so
+    that a trainer's code that reads them (``LOCAL_RANK`` most often) runs in a trial as it
+    runs under torchrun. ``LOCAL_RANK`` is what torchrun makes it, the index of the rank's
+    device: on CPU its index among the trial's ranks on the node; with nccl 0, since Ray
+    shows each rank only its own GPU (``cuda:0``, which ``run_rank`` selects)."""
+    return {
+        "RANK": str(spec.rank),
+        "WORLD_SIZE": str(spec.world_size),
+        "LOCAL_RANK": "0" if spec.backend == "nccl" else str(spec.local_rank),
+        "LOCAL_WORLD_SIZE": str(spec.local_world_size),
+        "MASTER_ADDR": spec.master_addr,
+        "MASTER_PORT": str(spec.master_port),
+    }
+
+
 def run_rank(spec: RankSpec, store: Any = None) -> RankResult:
     """Run one rank of a trial and return its measurement; leave the process as clean as the
     trial found it (see module doc). ``store``: rank 0's ``TCPStore``, already listening at
@@ -197,6 +217,7 @@ def _run_rank(spec: RankSpec, store: Any) -> RankResult:
 
     started = time.perf_counter()
     cfg = spec.config
+    os.environ.update(torchrun_env(spec))  # before any of the trainer's code runs
     apply.set_threads(cfg.threads)
     cuda = spec.backend == "nccl"
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")

@@ -81,7 +81,7 @@ def check_url(url: str, *, must_exist: bool = False) -> None:
         engine = sqlalchemy.create_engine(url)
     except (ImportError, sqlalchemy.exc.NoSuchModuleError) as e:
         fix = (
-            "pip install 'autotune[postgres]'"
+            "pip install 'ddp-autotune[postgres]'"
             if "postgres" in url.split(":")[0]
             else "pip install the module named"
         )

@@ -64,6 +64,19 @@ def available_trainers() -> dict[str, str]:
     return out
 
 
+def _with_cwd_on_path() -> None:
+    """Make modules in the current directory importable, as ``python -m`` and ``torchrun
+    train.py`` do: the installed ``autotune`` command does not put it on ``sys.path``. It goes
+    last, so a file there never shadows an installed package; the ranks get the same directory
+    through ``PYTHONPATH`` (``cluster.connect``)."""
+    import os
+    import sys
+
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+
+
 def resolve_trainer(ref: str) -> Callable[..., Workload]:
     """``mlp`` or ``package.module:function`` -> the trainer function."""
     if ":" in ref:
@@ -84,6 +97,8 @@ def resolve_trainer(ref: str) -> Callable[..., Workload]:
                 f"--trainer: unknown trainer {ref!r}; choose one of "
                 f"{', '.join(available_trainers())} or give package.module:function"
             )
+    if ":" in ref:
+        _with_cwd_on_path()
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:

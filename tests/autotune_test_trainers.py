@@ -200,3 +200,25 @@ def gpu_hog(*, mib_per_sample: int = 16, **options) -> Workload:
 
     wl.model = Hog
     return wl
+
+
+def reads_torchrun_env(*, out_dir: str, **options) -> Workload:
+    """Model code as most GPU scripts write it: it reads torchrun's variables when it builds
+    the model, and leaves what it read (with the process group's own view) in ``out_dir``."""
+    import json
+
+    import torch.distributed as dist
+
+    wl = tiny(**options)
+    build = wl.model
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+    def model():
+        seen = {k: os.environ[k] for k in names}  # a KeyError fails the trial
+        seen["dist_rank"], seen["dist_world"] = dist.get_rank(), dist.get_world_size()
+        with open(os.path.join(out_dir, f"{seen['RANK']}.json"), "w") as f:
+            json.dump(seen, f)
+        return build()
+
+    wl.model = model
+    return wl

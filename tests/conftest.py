@@ -51,8 +51,13 @@ def run_env(tmp_path):
     return env
 
 
+#: The installed console script, as a user types `autotune`: unlike ``python -m
+#: autotune.cli`` it puts nothing (the current directory) on ``sys.path``.
+AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
+
+
 def autotune_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "autotune.cli", *args]
+    return [AUTOTUNE, *args]
 
 
 def started_run(env, *args: str, cwd=None, after_trials: int = 1):

@@ -116,3 +116,20 @@ def test_a_trial_clearly_below_the_incumbent_is_pruned_with_its_partial_numbers(
     res = runner.run(trial=2, trainer=TRAINER, trainer_options={}, config=config(),
                      measure=QUICK, seed=0, timeout_s=120, incumbent=near)  # fmt: skip
     assert not res.pruned
+
+
+def test_the_ranks_see_torchruns_variables_for_the_trials_process_group(runner, tmp_path):
+    import json
+
+    res = runner.run(trial=0, trainer="autotune_test_trainers:reads_torchrun_env",
+                     trainer_options={"out_dir": str(tmp_path)}, config=config(),
+                     measure=QUICK, seed=0, timeout_s=120)  # fmt: skip
+    assert res.throughput > 0
+    seen = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
+    for rank, s in enumerate(seen):
+        # what torchrun --nproc-per-node 2 gives, and what the process group really is
+        assert (s["RANK"], s["WORLD_SIZE"]) == (str(rank), "2")
+        assert (s["dist_rank"], s["dist_world"]) == (rank, 2)
+        assert (s["LOCAL_RANK"], s["LOCAL_WORLD_SIZE"]) == (str(rank), "2")  # one node
+        assert s["MASTER_ADDR"] == "127.0.0.1" and s["MASTER_PORT"].isdigit()
+    assert seen[0]["MASTER_PORT"] == seen[1]["MASTER_PORT"]

@@ -120,3 +120,51 @@ def test_export_of_a_missing_study_is_a_one_line_error(tmp_path, run_env):
     )
     assert p.returncode == 2 and "no such database" in p.stderr
     assert not Path(run_env["AUTOTUNE_HOME"]).exists()
+
+
+def run_cli(run_env, *args, **env):
+    return subprocess.run(autotune_cmd(*args), env={**run_env, **env}, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+
+
+def test_ray_address_joins_like_the_flag_and_the_flag_wins(tmp_path, run_env):
+    closed = f"127.0.0.1:{closed_port()}"
+    args = ("run", "--study", "quick", "--budget", "30s")
+    # what Ray's tools set is read: nothing answers there, and the error names the variable
+    p = run_cli(run_env, *args, RAY_ADDRESS=closed)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert p.stderr.startswith(f"autotune: error: RAY_ADDRESS={closed}: nothing answers")
+    assert "unset RAY_ADDRESS" in p.stderr and p.stderr.count("\n") == 1
+    # the jobs CLI's dashboard URL is not a cluster to join
+    p = run_cli(run_env, *args, RAY_ADDRESS="http://127.0.0.1:8265")
+    assert p.returncode == 2
+    assert "RAY_ADDRESS=http://127.0.0.1:8265: expected auto or HOST:PORT" in p.stderr
+    # --address wins over RAY_ADDRESS
+    p = run_cli(run_env, *args, "--address", closed, RAY_ADDRESS="http://127.0.0.1:8265")
+    assert p.returncode == 2 and f"--address {closed}: nothing answers" in p.stderr
+    assert not Path(run_env["AUTOTUNE_HOME"]).exists()
+
+
+def test_version_names_the_release_its_distribution_and_its_dependencies(run_env):
+    import tomllib
+
+    import autotune
+    from tests.conftest import REPO
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    # the import package and command are autotune; the distribution may not collide with the
+    # unrelated `autotune` on the public index, and every install hint names it
+    assert project["name"] == autotune.DISTRIBUTION != "autotune"
+    assert project["version"] == autotune.__version__
+    p = run_cli(run_env, "--version")
+    assert p.returncode == 0
+    assert re.fullmatch(
+        rf"autotune {re.escape(autotune.__version__)} \(ddp-autotune; torch \S+, optuna \S+, "
+        r"ray \S+\)\n",
+        p.stdout,
+    ), p.stdout
+    top = run_cli(run_env, "--help").stdout
+    assert "measured against PyTorch's defaults" in " ".join(top.split())
+    # a PostgreSQL driver that is not installed (pg8000): the hint installs this distribution
+    hint = run_cli(run_env, "run", "--storage", "postgresql+pg8000://u@127.0.0.1:1/db").stderr
+    assert "pip install 'ddp-autotune[postgres]'" in hint, hint

@@ -86,3 +86,11 @@ def test_the_live_view_shows_every_trial_in_flight():
     assert [str(x) for x in view.status_lines()[1:]] == ["running trial 2: comm_hook=fp16"]
     view.trial_finished("failed", None, 2, "trial 2")
     assert view.status_lines()[1:] == [] and view.counts == {"complete": 1, "failed": 1}
+
+
+def test_local_ranks_count_the_ranks_of_each_node_in_rank_order():
+    from autotune.launcher import local_ranks
+
+    assert local_ranks({0: "a", 1: "a"}, 2) == [(0, 2), (1, 2)]
+    assert local_ranks({0: "a", 1: "b", 2: "a", 3: "b"}, 4) == [(0, 2), (0, 2), (1, 2), (1, 2)]
+    assert local_ranks({}, 2) == [(0, 2), (1, 2)]  # nodes unknown: one node
