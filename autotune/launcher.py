@@ -141,8 +141,10 @@ class TrialRunner:
         timeout_s: float,
         max_memory_mb: float | None = None,
         incumbent: Interval | None = None,
+        log_dir: str | None = None,
     ) -> TrialResult:
-        """Run one trial; raises TrialFailed with the reason when it produces no result."""
+        """Run one trial; raises TrialFailed with the reason when it produces no result. With
+        ``log_dir``, each rank's output goes to ``log_dir/rank-N.log`` for the trial."""
         import ray
         import ray.exceptions as rex
 
@@ -174,6 +176,7 @@ class TrialRunner:
                         incumbent=None if incumbent is None else incumbent.to_dict(),
                         local_rank=local[i][0],
                         local_world_size=local[i][1],
+                        log_dir=log_dir,
                     )
                 ): i
                 for i in range(self.world_size)

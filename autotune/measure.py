@@ -10,6 +10,7 @@ said nothing uses the first.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import optuna
 
@@ -64,8 +65,10 @@ class Measurer:
         config: TrialConfig,
         incumbent: Interval | None = None,
         measure: MeasureSettings | None = None,
+        log_dir: Path | None = None,
     ) -> TrialResult:
-        """One real run of ``config`` (trial ``number``); raises ``TrialFailed``."""
+        """One real run of ``config`` (trial ``number``); raises ``TrialFailed``. With
+        ``log_dir``, the ranks' output goes there."""
         return self.runner.run(
             trial=number,
             trainer=self.d.trainer,
@@ -76,4 +79,5 @@ class Measurer:
             timeout_s=self.trial_timeout(),
             max_memory_mb=self.d.max_memory_mb,
             incumbent=incumbent,
+            log_dir=None if log_dir is None else str(log_dir),
         )

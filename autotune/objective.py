@@ -18,7 +18,9 @@ a run (its state is the study's, the budget's, behind their own locks, and ``int
 from __future__ import annotations
 
 import math
+import shutil
 import threading
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -51,7 +53,15 @@ from autotune.study_record import (
 )
 from autotune.studydef import StudyDefinition
 
-__all__ = ["Objective"]
+__all__ = ["Objective", "keep_logs"]
+
+
+def keep_logs(trial: optuna.Trial, log_dir: Path | None) -> None:
+    """Keep a trial's rank logs: their directory goes on the trial (``logs``). The rule: the
+    baseline's and every failed trial's logs are kept; a trial that completes or is pruned
+    has its logs deleted at once, so the directory grows only with failures."""
+    if log_dir is not None and log_dir.is_dir():
+        trial.set_user_attr("logs", str(log_dir))
 
 
 class Objective:
@@ -67,8 +77,11 @@ class Objective:
         budget: Budget,
         emit: Emit,
         tokens_per_sample: int | None = None,
+        logs: Path | None = None,
     ) -> None:
         self.study, self.space, self.d = study, space, definition
+        #: Where each trial's rank output goes (``trial-N/rank-R.log``); None: not kept.
+        self.logs = logs
         self.measure = measure
         self.budget = budget
         self.emit = emit
@@ -95,6 +108,7 @@ class Objective:
         is_anchor = is_baseline and baseline is not None
         changes = changed_knobs(trial.params, self.space.defaults())
         self.emit(TrialStarted(tag=tag(trial), changes=changes))
+        log_dir = None if self.logs is None else self.logs / f"trial-{trial.number}"
         try:
             illegal = self.space.illegal(values)
             if illegal:
@@ -102,7 +116,16 @@ class Objective:
             # Pruning compares throughput only: it would cut memory-lean configurations short
             # in a multi-objective study, and Optuna has no pruning there.
             prune = not (is_baseline or self.d.multi_objective)
-            result = self.measure(trial.number, config, self._bar(trial) if prune else None)
+            bar = self._bar(trial) if prune else None
+            try:
+                result = self.measure(trial.number, config, bar, log_dir=log_dir)
+            except BaseException:
+                keep_logs(trial, log_dir)  # a failure's output is what the user reads first
+                raise
+            if is_baseline and not is_anchor:
+                keep_logs(trial, log_dir)  # what the defaults printed, to compare with
+            elif log_dir is not None:  # a trial that ran: its output is not kept
+                shutil.rmtree(log_dir, ignore_errors=True)
         except KeyboardInterrupt as e:
             # Optuna records the trial FAIL and re-raises; the runner has killed its ranks.
             by = interrupted_by(e)

@@ -30,6 +30,7 @@ import os
 import resource
 import statistics
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -38,6 +39,7 @@ from typing import Any
 from autotune import apply
 from autotune.config import MeasureSettings, TrialConfig
 from autotune.numerics import CURVE_STEPS
+from autotune.rank_env import output_to, torchrun_env
 from autotune.stats import Interval
 
 __all__ = ["NonFiniteLoss", "RankResult", "RankSpec", "listening_store", "run_rank"]
@@ -86,6 +88,9 @@ class RankSpec:
     """This rank's index among the trial's ranks on its node."""
     local_world_size: int = 1
     """The trial's ranks on this rank's node."""
+    log_dir: str | None = None
+    """Where this rank's output goes for the trial (``rank-N.log``): its stdout and stderr, its
+    DataLoader workers' and NCCL's. None: where the process's output always goes (Ray's)."""
 
 
 @dataclass(kw_only=True)
@@ -169,22 +174,6 @@ def listening_store(host: str, port: int = 0, timeout: timedelta | None = None) 
     return store
 
 
-def torchrun_env(spec: RankSpec) -> dict[str, str]:
-    """The variables torchrun gives a worker, for the process group this trial creates, so
-    that a trainer's code that reads them (``LOCAL_RANK`` most often) runs in a trial as it
-    runs under torchrun. ``LOCAL_RANK`` is what torchrun makes it, the index of the rank's
-    device: on CPU its index among the trial's ranks on the node; with nccl 0, since Ray
-    shows each rank only its own GPU (``cuda:0``, which ``run_rank`` selects)."""
-    return {
-        "RANK": str(spec.rank),
-        "WORLD_SIZE": str(spec.world_size),
-        "LOCAL_RANK": "0" if spec.backend == "nccl" else str(spec.local_rank),
-        "LOCAL_WORLD_SIZE": str(spec.local_world_size),
-        "MASTER_ADDR": spec.master_addr,
-        "MASTER_PORT": str(spec.master_port),
-    }
-
-
 def run_rank(spec: RankSpec, store: Any = None) -> RankResult:
     """Run one rank of a trial and return its measurement; leave the process as clean as the
     trial found it (see module doc). ``store``: rank 0's ``TCPStore``, already listening at
@@ -194,7 +183,13 @@ def run_rank(spec: RankSpec, store: Any = None) -> RankResult:
     # collection below only scans what this trial makes (a full one costs 0.1-0.2 s).
     gc.freeze()
     try:
-        return _run_rank(spec, store)
+        with output_to(spec.log_dir, spec.rank):
+            try:
+                return _run_rank(spec, store)
+            except BaseException:
+                if spec.log_dir:  # the error in the rank's own log, after what it printed
+                    traceback.print_exc()
+                raise
     finally:
         # _run_rank's frame is gone: collect its cycles (DDP, autograd graph, the DataLoader
         # iterator, whose finaliser stops and joins the worker processes), give cached CUDA
@@ -217,7 +212,10 @@ def _run_rank(spec: RankSpec, store: Any) -> RankResult:
 
     started = time.perf_counter()
     cfg = spec.config
-    os.environ.update(torchrun_env(spec))  # before any of the trainer's code runs
+    # torchrun's variables, before any of the trainer's code runs
+    os.environ.update(torchrun_env(spec.rank, spec.world_size, spec.local_rank,
+                                   spec.local_world_size, spec.backend, spec.master_addr,
+                                   spec.master_port))  # fmt: skip
     apply.set_threads(cfg.threads)
     cuda = spec.backend == "nccl"
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")

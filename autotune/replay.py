@@ -181,6 +181,7 @@ class ReplayMeasurer:
         config: TrialConfig,
         incumbent: Interval | None = None,
         measure: MeasureSettings | None = None,
+        log_dir: Any = None,
     ) -> TrialResult:
         m = measure or self.d.measure
         run = self.rng.choice(self.landscape.runs[self.config_key(config)])

@@ -316,6 +316,7 @@ def _html(report: Report) -> str:
             t.user_attrs.get("reason", "unknown"),
             t.user_attrs.get("reason_detail", ""),
             _changed(t, base),
+            t.user_attrs.get("logs", ""),
         ]
         for t in failed
     ]
@@ -348,7 +349,7 @@ def _html(report: Report) -> str:
         else:
             parts.append(fig.plotly.to_html(full_html=False, include_plotlyjs=False))
     parts.append(f"<h2>Failed trials ({len(failed)})</h2>")
-    parts.append(_table(["trial", "reason", "detail", "changed"], fail_rows))
+    parts.append(_table(["trial", "reason", "detail", "changed", "rank logs"], fail_rows))
     note = _profile_note(study)
     if note:
         parts.append(f"<h2>Exported profile</h2><pre>{e(note)}</pre>")

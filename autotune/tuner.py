@@ -154,6 +154,7 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
             budget=budget,
             emit=emit,
             tokens_per_sample=workload.tokens_per_sample,
+            logs=req.run_dir / "logs" / file_stem(name),
         )
         search = Search(
             study=study,

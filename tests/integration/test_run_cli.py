@@ -283,6 +283,20 @@ def test_a_failing_configuration_is_recorded_and_the_study_goes_on(ray_address, 
     assert later  # the study went on after the failure
     assert "FAIL crash: rank" in p.stdout
     assert "Stopped before the budget: --n-trials 5: 5 trials run" in p.stdout
+    # Rank logs: the failure's are kept with the error in them, the baseline's too; a trial
+    # that ran has none left.
+    logs = Path(run_env["AUTOTUNE_HOME"]) / "logs" / "quick-autotune_test_trainers.no_bf16-gloo-2r"
+    for t in failed:
+        kept = Path(t.user_attrs["logs"])
+        assert kept == logs / f"trial-{t.number}"
+        text = {r: (kept / f"rank-{r}.log").read_text() for r in (0, 1)}
+        assert any("this model refuses bf16 autocast" in x for x in text.values()), text
+    assert (Path(trials[0].user_attrs["logs"]) / "rank-0.log").exists()  # the baseline's
+    for t in later:
+        assert "logs" not in t.user_attrs and not (logs / f"trial-{t.number}").exists()
+    assert sorted(d.name for d in logs.iterdir()) == sorted(
+        f"trial-{t.number}" for t in [trials[0], *failed]
+    )
 
 
 def test_kill_9_then_the_same_command_resumes_the_study(ray_address, run_env, tmp_path):

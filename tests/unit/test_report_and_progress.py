@@ -63,7 +63,11 @@ def study_with(results, failures=(), directions=("maximize",)):
                 params=params,
                 distributions=DISTS,
                 state=TrialState.FAIL,
-                user_attrs={"reason": reason, "reason_detail": detail},
+                user_attrs={
+                    "reason": reason,
+                    "reason_detail": detail,
+                    "logs": f"/runs/logs/s/trial-{reason}-{len(detail)}",
+                },  # fmt: skip
             )
         )
     return study
@@ -120,6 +124,9 @@ def test_report_page_lists_best_trials_and_each_failure_with_its_reason(tmp_path
     assert "bucket_cap_mb=12.0, static_graph=True" in page  # what the best trial changed
     for _, reason, detail in FAILURES:
         assert f"<td>{reason}</td><td>{detail}</td>" in page
+        # where the failed trial's rank logs are kept, on its row
+        assert re.search(rf"<td>{detail}</td><td>[^<]*</td><td>/runs/logs/s/trial-{reason}-"
+                         rf"{len(detail)}</td></tr>", page)  # fmt: skip
     assert "1.52x" in page  # best speedup, 610 / 400
     assert "bucket_cap_mb: 12.0" in page  # the profile autotune export writes
 
