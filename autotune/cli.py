@@ -165,13 +165,7 @@ def _exported_line(path: Path) -> str:
     """What the exported profile says, in one line: the speedup it stands for and on what."""
     from autotune.profile import Profile
 
-    m = Profile.load(path).measured
-    speedup, ci = m.get("speedup"), m.get("speedup_interval")
-    if m.get("validation") and ci:
-        if ci == [1.0, 1.0]:
-            return "the defaults: no candidate beat them beyond the noise in the re-validation"
-        return f"{speedup:.2f}x the defaults, re-validated (95 % interval {ci[0]:.2f}-{ci[1]:.2f}x)"
-    return f"{speedup:.2f}x the defaults ({m.get('note', 'not re-validated')})"
+    return Profile.load(path).headline()
 
 
 def _print_summary(console: Any, summary: Any) -> None:

@@ -121,6 +121,20 @@ class Profile:
         """Micro-steps per optimizer step; run ``no_sync()`` on all but the last."""
         return int(self.batch["accumulation_steps"])
 
+    def headline(self) -> str:
+        """What the profile stands for, in one line: its speedup over the defaults, with the
+        re-validation's interval where there was one."""
+        m = self.measured
+        speedup, ci = m.get("speedup"), m.get("speedup_interval")
+        if m.get("validation") and ci:
+            if ci == [1.0, 1.0]:
+                return "the defaults: no candidate beat them beyond the noise in the re-validation"
+            return (
+                f"{speedup:.2f}x the defaults, re-validated (95 % interval "
+                f"{ci[0]:.2f}-{ci[1]:.2f}x)"
+            )
+        return f"{speedup:.2f}x the defaults ({m.get('note', 'not re-validated')})"
+
     def hardware_differences(self) -> list[str]:
         """How this process's hardware differs from where the profile was measured."""
         from autotune.hardware import describe

@@ -241,11 +241,46 @@ def write(report: Report, out_dir: Path) -> list[Path]:
 # -- the page ---------------------------------------------------------------------------
 
 
+def _value(v: Any) -> str:
+    """A value for people: 4 significant digits for a float (240.7, not 240.6574923482821),
+    ``k: v`` pairs for a mapping (not a Python repr)."""
+    if isinstance(v, float):
+        return format(v, ".4g")
+    if isinstance(v, dict):
+        return ", ".join(f"{k}: {_value(x)}" for k, x in v.items())
+    return str(v)
+
+
 def _changed(t: FrozenTrial, baseline: FrozenTrial | None) -> str:
     if baseline is None:
-        return ", ".join(f"{k}={v}" for k, v in t.params.items())
+        return ", ".join(f"{k}={_value(v)}" for k, v in t.params.items())
     diff = changed_knobs(t.params, baseline.params)
-    return ", ".join(f"{k}={v}" for k, v in diff.items()) or "defaults"
+    return ", ".join(f"{k}={_value(v)}" for k, v in diff.items()) or "defaults"
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def _result(study: optuna.Study, base: FrozenTrial | None) -> str:
+    """The report's first screen, what the user acts on: the exported profile's speedup with
+    its interval and the settings it changes from the defaults; the evidence follows."""
+    e = html.escape
+    if not complete(study) or len(study.directions) > 1:
+        return ""
+    try:
+        profile = study_profile(study)
+    except ConfigError as err:
+        return f"<h2>Result</h2><p>No profile: {e(str(err))}</p>"
+    now = _flat(profile.trial_config().to_dict())
+    was = _flat(base.user_attrs.get("config") or {}) if base is not None else {}
+    changes = [f"{k} = {_value(v)}" for k, v in now.items() if k in was and was[k] != v]
+    items = "".join(f"<li><code>{e(c)}</code></li>" for c in changes)
+    body = f"<ul>{items}</ul>" if changes else "<p>It changes nothing: keep PyTorch's defaults.</p>"
+    return f"<h2>Result</h2><p><b>{e(profile.headline())}</b></p>{body}"
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> str:
@@ -269,10 +304,10 @@ def _summary(study: optuna.Study) -> tuple[str, FrozenTrial | None]:
         ["study", study.study_name],
         ["trials", ", ".join(f"{v} {k}" for k, v in counts(study).items())],
     ]
-    if rec.get("workload"):
-        rows.append(["workload", rec["workload"]])
-    if rec.get("hardware"):
-        rows.append(["hardware", rec["hardware"]])
+    for key in ("workload", "hardware"):
+        if isinstance(rec.get(key), dict):
+            shown = {k: v for k, v in rec[key].items() if v is not None}
+            rows.append([key, _value(shown)])
     done = complete(study)
     if base is not None:
         name = _objective_name(study)
@@ -281,9 +316,10 @@ def _summary(study: optuna.Study) -> tuple[str, FrozenTrial | None]:
         best = study.best_trial
         rows.append(
             [
-                "best",
+                "best single trial",
                 f"{best.value:.1f} {_objective_name(study)} (trial {best.number}, "
-                f"{_fmt(best.user_attrs.get('speedup'), '.2f')}x): {_changed(best, base)}",
+                f"{_fmt(best.user_attrs.get('speedup'), '.2f')}x in the search, biased upwards "
+                f"until re-measured): {_changed(best, base)}",
             ]
         )
     for item in rec.get("left_out", []):
@@ -322,6 +358,8 @@ def _html(report: Report) -> str:
     ]
     parts = [
         f"<h1>autotune report: {e(study.study_name)}</h1>",
+        _result(study, base),
+        "<h2>The study</h2>",
         summary,
         f"<h2>Best {min(TOP, len(ranked))} of {len(ranked)} COMPLETE trials</h2>",
         _table(

@@ -121,7 +121,16 @@ def test_report_page_lists_best_trials_and_each_failure_with_its_reason(tmp_path
     best = re.search(r"<h2>Best 4 of 4 COMPLETE trials</h2>\s*<table>.*?</table>", page, re.S)
     rows = re.findall(r"<tr><td>(\d+)</td><td>([\d.]+)</td>", best.group(0))
     assert [int(n) for n, _ in rows] == [3, 1, 0, 2]  # ranked by throughput
-    assert "bucket_cap_mb=12.0, static_graph=True" in page  # what the best trial changed
+    assert "bucket_cap_mb=12, static_graph=True" in page  # what the best trial changed
+    # The first screen is the result the user acts on, the evidence after it.
+    result = page.index("<h2>Result</h2>")
+    assert result < page.index("<h2>The study</h2>") < page.index("<h2>Best 4 of 4")
+    first = page[result : page.index("<h2>The study</h2>")]
+    assert "1.52x the defaults (not re-validated" in first
+    assert "<code>ddp.bucket_cap_mb = 12</code>" in first and "static_graph = True" in first
+    # values for people: no Python dict repr, no 16-digit floats
+    ours = page[page.index("<h1>") : page.index('<h2 id="')]  # not the embedded plotly.js
+    assert "{'" not in ours and not re.search(r"\d\.\d{8,}", ours)
     for _, reason, detail in FAILURES:
         assert f"<td>{reason}</td><td>{detail}</td>" in page
         # where the failed trial's rank logs are kept, on its row
