@@ -199,6 +199,9 @@ def _retitle(fig: Figure) -> None:
 
     fig.plotly.update_layout(title=fig.title)
     axes = np.atleast_1d(fig.matplotlib)
+    for ax in axes.flat:  # Optuna titles some plots on the left: it would print over ours
+        ax.set_title("", loc="left")
+        ax.set_title("", loc="right")
     if axes.size == 1:
         axes.flat[0].set_title(fig.title)
     else:

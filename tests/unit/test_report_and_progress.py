@@ -114,6 +114,19 @@ def test_report_draws_every_figure_as_png_and_in_the_page(tmp_path):
         assert title in page
 
 
+def test_each_png_has_one_title_the_reports(tmp_path):
+    import numpy as np
+
+    r = report.build(study_with(MANY, FAILURES))
+    for fig in r.figures:
+        if fig.matplotlib is None:
+            continue
+        for ax in np.atleast_1d(fig.matplotlib).flat:
+            # Optuna titles the importances on the left; two titles would print over each other
+            titles = [ax.get_title(loc) for loc in ("left", "center", "right")]
+            assert [t for t in titles if t] in ([fig.title], []), (fig.name, titles)
+
+
 def test_report_page_lists_best_trials_and_each_failure_with_its_reason(tmp_path):
     study = study_with(RESULTS, FAILURES)
     report.write(report.build(study), tmp_path)
