@@ -1,0 +1,169 @@
+"""Make the README's pictures from a real run: the live display, the report, the dashboard.
+
+    python docs/screenshots.py            # ~2 minutes; writes docs/images/{live.svg,report.png,dashboard.png}
+
+1. ``autotune run --study quick --budget 60s`` runs in this process on a real local Ray
+   instance with real gloo ranks. Its display is the command's own (``progress.RunView``) on a
+   recording rich console; after the fourth trial, the log so far and the live status under it
+   are drawn to ``live.svg``.
+2. ``autotune report`` (the installed command) writes that study's page, and headless Chromium
+   takes a picture of its first screen: ``report.png``.
+3. ``autotune dashboard`` serves the study, and Chromium takes a picture of its trials page:
+   ``dashboard.png``.
+
+Needs ``pip install -e '.[test]'`` (selenium) and Chromium with its ChromeDriver
+(``apt-get install chromium chromium-driver``; ``CHROMIUM`` and ``CHROMEDRIVER`` choose others).
+Everything else it writes goes to a temporary directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+IMAGES = Path(__file__).resolve().parent / "images"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver")
+AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
+WIDTH = 118  # columns of the terminal picture
+SNAPSHOT_AFTER = 4  # finished trials
+
+
+def live_picture(home: Path) -> str:
+    """Run the study with the command's own display on a recording console; draw it after
+    ``SNAPSHOT_AFTER`` trials. Returns the study's name."""
+    from rich.console import Console, Group
+    from rich.text import Text
+
+    from autotune import events
+    from autotune.progress import RunView
+    from autotune.studydef import StudyDefinition
+    from autotune.tuner import RunRequest, run
+
+    d = StudyDefinition.load("quick").override(budget_s=60.0)
+    screen = Console(record=True, width=WIDTH, force_terminal=True, color_system="truecolor")
+    lines: list[Text] = []
+    finished = 0
+
+    class Recording(Console):
+        """What the view prints, kept for the picture as well."""
+
+        def print(self, *objects, **kwargs):  # noqa: A003
+            for o in objects:
+                lines.append(o if isinstance(o, Text) else Text.from_markup(str(o)))
+            super().print(*objects, **kwargs)
+
+    console = Recording(width=WIDTH, force_terminal=False)
+    view = RunView(console, budget_s=d.budget_s, live=False)
+
+    def emit(event) -> None:
+        nonlocal finished
+        view(event)
+        if isinstance(event, events.TrialFinished):
+            finished += 1
+            if finished == SNAPSHOT_AFTER:
+                screen.print(Text("$ autotune run --study quick --budget 60s", style="bold"))
+                left = [t for t in lines if t.plain.startswith("  - ")]
+                shown = [t for t in lines if not t.plain.startswith("  - ")]
+                at = next(i for i, t in enumerate(shown) if t.plain.startswith("Left out")) + 1
+                shown.insert(at, Text(f"  ... {len(left)} knobs, each with its reason"))
+                screen.print(Group(*shown))
+                screen.print(Group(*_LiveStatus(view, d.budget_s).lines()))
+                screen.save_svg(str(IMAGES / "live.svg"), title="autotune run")
+
+    req = RunRequest(definition=d, run_dir=home, study_name=None, storage_url=None,
+                     address=None, profile_path=None, sigterm=False)  # fmt: skip
+    with view:
+        summary = run(req, emit=emit)
+    return summary.study_name
+
+
+class _LiveStatus:
+    """The live part of the display as the terminal shows it at this moment."""
+
+    def __init__(self, view, budget_s: float) -> None:
+        self.view, self.budget_s = view, budget_s
+
+    def lines(self) -> list:
+        from rich.progress import BarColumn, Progress, TextColumn
+
+        from autotune.durations import format_duration
+
+        spent = min(time.monotonic() - (self.view.started or time.monotonic()), self.budget_s)
+        bar = Progress(TextColumn("[bold]budget"), BarColumn(),
+                       TextColumn("{task.fields[spent]} of {task.fields[budget]}"))  # fmt: skip
+        bar.add_task("budget", total=self.budget_s, completed=spent,
+                     spent=format_duration(spent), budget=format_duration(self.budget_s))  # fmt: skip
+        return [bar.make_tasks_table(bar.tasks), *self.view.status_lines()]
+
+
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                "--disable-background-networking", "--disable-dev-shm-usage",
+                "--window-size=1300,900", "--hide-scrollbars"):  # fmt: skip
+        options.add_argument(arg)
+    os.environ["SE_OFFLINE"] = "true"
+    return webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> int:
+    IMAGES.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp) / "home"
+        env = {**os.environ, "AUTOTUNE_HOME": str(home)}
+        os.environ["AUTOTUNE_HOME"] = str(home)
+        study = live_picture(home)
+        subprocess.run([AUTOTUNE, "report", "--study-name", study, "-o", f"{tmp}/report"],
+                       env=env, check=True, capture_output=True)  # fmt: skip
+        port = free_port()
+        server = subprocess.Popen([AUTOTUNE, "dashboard", "--study-name", study, "--port",
+                                   str(port)], env=env, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        driver = browser()
+        try:
+            driver.get(f"file://{tmp}/report/report.html")
+            time.sleep(2)
+            driver.save_screenshot(str(IMAGES / "report.png"))
+            address = server.stdout.readline().split(" at ")[1].split()[0]
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.3)
+            driver.get(address)
+            time.sleep(6)  # the single-page app draws its charts
+            driver.save_screenshot(str(IMAGES / "dashboard.png"))
+        finally:
+            driver.quit()
+            server.terminate()
+            server.wait(timeout=10)
+    for name in ("live.svg", "report.png", "dashboard.png"):
+        print(IMAGES / name, (IMAGES / name).stat().st_size, "bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    if not shutil.which(CHROMEDRIVER):
+        sys.exit(f"screenshots: {CHROMEDRIVER} not found; apt-get install chromium-driver")
+    sys.exit(main())
