@@ -1,6 +1,6 @@
 """Make the README's pictures from a real run: the live display, the report, the dashboard.
 
-    python docs/screenshots.py            # ~2 minutes; writes docs/images/{live.svg,report.png,dashboard.png}
+    python docs/screenshots.py     # ~2 minutes: docs/images/{live.svg,report.png,dashboard.png}
 
 1. ``autotune run --study quick --budget 60s`` runs in this process on a real local Ray
    instance with real gloo ranks. Its display is the command's own (``progress.RunView``) on a
@@ -100,7 +100,8 @@ class _LiveStatus:
         bar = Progress(TextColumn("[bold]budget"), BarColumn(),
                        TextColumn("{task.fields[spent]} of {task.fields[budget]}"))  # fmt: skip
         bar.add_task("budget", total=self.budget_s, completed=spent,
-                     spent=format_duration(spent), budget=format_duration(self.budget_s))  # fmt: skip
+                     spent=format_duration(spent),
+                     budget=format_duration(self.budget_s))  # fmt: skip
         return [bar.make_tasks_table(bar.tasks), *self.view.status_lines()]
 
 
@@ -134,8 +135,8 @@ def main() -> int:
         subprocess.run([AUTOTUNE, "report", "--study-name", study, "-o", f"{tmp}/report"],
                        env=env, check=True, capture_output=True)  # fmt: skip
         port = free_port()
-        server = subprocess.Popen([AUTOTUNE, "dashboard", "--study-name", study, "--port",
-                                   str(port)], env=env, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        command = [AUTOTUNE, "dashboard", "--study-name", study, "--port", str(port)]
+        server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
         driver = browser()
         try:
             driver.get(f"file://{tmp}/report/report.html")
