@@ -349,10 +349,10 @@ def test_a_second_ctrl_c_exits_at_once_and_a_resume_finds_the_study_consistent(
         p.send_signal(signal.SIGINT)
         time.sleep(0.2)
         p.send_signal(signal.SIGINT)
-        p.communicate(timeout=60)
+        out, _ = p.communicate(timeout=60)
     finally:
         p.kill()
-    assert p.returncode == 130
+    assert p.returncode == 130, out  # what the run said after the first trial, if not
     autotune(run_env, "run", *args, "--budget", "5s")
     home = Path(run_env["AUTOTUNE_HOME"])
     trials = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{home / 'autotune.db'}").trials
@@ -365,3 +365,13 @@ def test_nccl_on_a_cluster_without_gpus_is_refused_before_anything_is_written(ra
                  "--address", ray_address, rc=2)  # fmt: skip
     assert "autotune: error: --backend nccl: the Ray cluster has no GPU" in p.stderr
     assert not Path(run_env["AUTOTUNE_HOME"]).exists()
+
+
+def test_ray_address_joins_the_cluster_as_ray_job_submit_would(ray_address, run_env):
+    # `ray job submit -- autotune run ...` runs the command with RAY_ADDRESS set: the run
+    # joins that cluster (the session's instance here) instead of starting its own.
+    env = {**run_env, "RAY_ADDRESS": ray_address}
+    p = autotune(env, "run", "--study", "quick", "--budget", "5m", "--n-trials", "1",
+                 "--validate-top", "0")  # fmt: skip
+    assert f"Joined the Ray cluster at {ray_address} (RAY_ADDRESS)" in p.stdout, p.stdout
+    assert "Stopped before the budget: --n-trials 1: 1 trials run" in p.stdout
