@@ -101,8 +101,7 @@ class Budget:
         """Rounds of the ablation of a winner changing ``knobs`` knobs (the winner and one
         variant per knob each round) that the budget left holds, at most the re-validation's
         (``ablation.ablate`` needs 2)."""
-        medians = self._medians()
-        plan = None if medians is None else validation_plan(self.d, self.total_s, medians[1])
+        medians, plan = self._medians(), self.validation_plan()
         if medians is None or plan is None:
             return 0
         return min(plan[1], int(self.left_s() // ((knobs + 1) * medians[1])))

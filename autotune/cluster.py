@@ -61,11 +61,16 @@ def _address_flag(address: str, from_env: bool) -> str:
     return f"RAY_ADDRESS={address}" if from_env else f"--address {address}"
 
 
+def _leave(from_env: bool) -> str:
+    """How an error says to start a local instance instead."""
+    return "unset RAY_ADDRESS" if from_env else "leave --address out"
+
+
 def _check_reachable(address: str, from_env: bool = False) -> str:
     """Fail fast where ray.init would retry for minutes: nothing answers at HOST:PORT. Returns
     the host that answered."""
     name = _address_flag(address, from_env)
-    leave = "unset RAY_ADDRESS" if from_env else "leave --address out"
+    leave = _leave(from_env)
     fix = f"start one with `ray start --head` or {leave} to start a local instance"
     resolved = address
     if address == "auto":
@@ -137,7 +142,7 @@ def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayC
             f"{_address_flag(str(address), from_env)}: Ray would not connect ({first}); if the "
             f"cluster uses token authentication, set RAY_AUTH_MODE=token and make its token "
             f"available, else start one with `ray start --head` or "
-            f"{'unset RAY_ADDRESS' if from_env else 'leave --address out'}"
+            f"{_leave(from_env)}"
         ) from None
     return RayConnection(address=address, started_here=address is None, from_env=from_env)
 

@@ -83,6 +83,11 @@ class RunView:
             self._progress.stop()
             self._progress = None
 
+    def status(self) -> RenderableType:
+        """The live part as it stands now (the budget bar and the status lines under it), as
+        the terminal shows it: for a picture of the display (``docs/screenshots.py``)."""
+        return Group(*_Live(self).get_renderables())
+
     def log(self, text: str) -> None:
         """A line of the run's log (rich markup allowed; stripped off a plain console)."""
         self.console.print(text, highlight=False, soft_wrap=True)

@@ -115,8 +115,8 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
 
     # 2. Ray and the ranks' placement groups.
     conn = connect(req.address, extra_pythonpath=os.getcwd())
-    if conn.describe():
-        emit(Note(conn.describe()))
+    if joined := conn.describe():
+        emit(Note(joined))
     Terminated.received = False
     previous = signal.signal(signal.SIGTERM, raise_terminated) if req.sigterm else None
     # Ray's core worker installs a handler of its own (it logs "SIGTERM received" and exits 1),

@@ -75,7 +75,7 @@ def live_picture(home: Path) -> str:
                 at = next(i for i, t in enumerate(shown) if t.plain.startswith("Left out")) + 1
                 shown.insert(at, Text(f"  ... {len(left)} knobs, each with its reason"))
                 screen.print(Group(*shown))
-                screen.print(Group(*_LiveStatus(view, d.budget_s).lines()))
+                screen.print(view.status())
                 screen.save_svg(str(IMAGES / "live.svg"), title="autotune run")
 
     req = RunRequest(definition=d, run_dir=home, study_name=None, storage_url=None,
@@ -83,26 +83,6 @@ def live_picture(home: Path) -> str:
     with view:
         summary = run(req, emit=emit)
     return summary.study_name
-
-
-class _LiveStatus:
-    """The live part of the display as the terminal shows it at this moment."""
-
-    def __init__(self, view, budget_s: float) -> None:
-        self.view, self.budget_s = view, budget_s
-
-    def lines(self) -> list:
-        from rich.progress import BarColumn, Progress, TextColumn
-
-        from autotune.durations import format_duration
-
-        spent = min(time.monotonic() - (self.view.started or time.monotonic()), self.budget_s)
-        bar = Progress(TextColumn("[bold]budget"), BarColumn(),
-                       TextColumn("{task.fields[spent]} of {task.fields[budget]}"))  # fmt: skip
-        bar.add_task("budget", total=self.budget_s, completed=spent,
-                     spent=format_duration(spent),
-                     budget=format_duration(self.budget_s))  # fmt: skip
-        return [bar.make_tasks_table(bar.tasks), *self.view.status_lines()]
 
 
 def browser():
