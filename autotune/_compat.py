@@ -1,4 +1,4 @@
-"""The only module that touches private Optuna or Ray API, each use named with why no public
+"""The only module that touches private Optuna, Ray or torch API, each use named with why no public
 API does the job. ``pyproject.toml`` bounds both packages from above, and
 ``tests/unit/test_compat.py`` fails loudly when this surface moves.
 
@@ -20,6 +20,11 @@ API does the job. ``pyproject.toml`` bounds both packages from above, and
   ``ray_constants.ENABLE_RAY_CLUSTER`` is false (its default on macOS and Windows), which its
   public variable ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` sets only when present before Ray is
   first imported. The flag is set for the duration of ``ray.init`` and restored after it.
+* ``ddp_logging(ddp)``: ``DistributedDataParallel._get_ddp_logging_data()``, the record DDP
+  keeps of itself: the comm hook it runs (a registered hook has no public getter) and the
+  bucket sizes it settled on after its first steps (``rebuilt_bucket_sizes``; DDP computes
+  them from the order gradients became ready, which no public call returns). The limit probe
+  all-reduces buckets of exactly those sizes.
 """
 
 from __future__ import annotations
@@ -28,7 +33,14 @@ import contextlib
 from collections.abc import Container, Iterator
 from typing import Any
 
-__all__ = ["STUDY_TRIALS_METHOD", "bootstrap_address", "call_study_trials", "loopback_node_ip"]
+__all__ = [
+    "STUDY_TRIALS_METHOD",
+    "bootstrap_address",
+    "call_study_trials",
+    "ddp_bucket_bytes",
+    "ddp_logging",
+    "loopback_node_ip",
+]
 
 #: The private method through which Optuna's samplers read a study's trials.
 STUDY_TRIALS_METHOD = "_get_trials"
@@ -66,3 +78,16 @@ def loopback_node_ip() -> Iterator[None]:
         yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = before
+
+
+def ddp_logging(ddp: Any) -> dict[str, Any]:
+    """DDP's record of itself (``_get_ddp_logging_data``): ``comm_hook``, the bucket sizes."""
+    return dict(ddp._get_ddp_logging_data())
+
+
+def ddp_bucket_bytes(ddp: Any) -> list[int]:
+    """The sizes in bytes of ``ddp``'s gradient buckets, in the order it all-reduces them:
+    those it rebuilt after its first backward when it did, else those it started with."""
+    data = ddp_logging(ddp)
+    sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or ""
+    return [int(b) for b in str(sizes).replace(",", " ").split()]

@@ -19,6 +19,10 @@ __all__ = ["MAX_ROUNDS", "Budget", "validation_plan"]
 
 #: Most interleaved rounds the re-validation grows to when the budget has room for them.
 MAX_ROUNDS = 10
+#: Re-validation-sized runs kept at the end for the limit probes (the defaults, the winner).
+LIMIT_RUNS = 2
+#: The most of the budget kept for them.
+LIMIT_SHARE = 0.05
 
 
 def validation_plan(
@@ -62,6 +66,9 @@ class Budget:
         # What a re-validation run of each measured trial would take (its overhead and
         # min_windows of its windows): re-validation runs are that short.
         self._rerun_walls: list[float] = []
+        #: Runs kept for the limit probes at the end (``autotune.limit``): two, each about
+        #: as long as a re-validation run, when the study measures the limit.
+        self.limit_runs = LIMIT_RUNS if definition.limit else 0
 
     def start(self) -> None:
         """The clock starts now (just before the first trial)."""
@@ -106,11 +113,17 @@ class Budget:
             return 0
         return min(plan[1], int(self.left_s() // ((knobs + 1) * medians[1])))
 
+    def limit_reserve_s(self, run_wall_s: float) -> float:
+        """Seconds kept for the limit probes: ``limit_runs`` re-validation-sized runs, at most
+        ``LIMIT_SHARE`` of the budget (a probe in pooled processes takes less than a run: on
+        the quick study 2.7 s against 5-8 s)."""
+        return min(self.limit_runs * run_wall_s, LIMIT_SHARE * self.total_s)
+
     def room_for_another(self, *, to_revalidate: int, ablate: int = 0) -> bool:
         """Whether the budget left holds a typical trial and, when there are configurations
         to re-validate (``to_revalidate``: how many qualify so far), the re-validation of as
         many of them as the plan takes and the ablation of a winner changing ``ablate``
-        knobs (the best so far)."""
+        knobs (the best so far), and the limit probes (``limit_runs``)."""
         left = self.left_s()
         if left <= 0:
             return False
@@ -124,4 +137,4 @@ class Budget:
             runs = (min(to_revalidate, plan[0]) + 1) * plan[1]
         if runs and ablate >= 2:
             runs += (ablate + 1) * plan[1]
-        return left >= wall + run * runs
+        return left >= wall + run * runs + self.limit_reserve_s(run)

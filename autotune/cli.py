@@ -25,6 +25,7 @@ from autotune.errors import (
     interrupted_by,
     raise_terminated,
 )
+from autotune.limit import LIMIT_ATTR, summary_line
 from autotune.storage import display_url
 from autotune.studydef import StudyDefinition
 
@@ -192,6 +193,9 @@ def _print_summary(console: Any, summary: Any) -> None:
         )
     if summary.profile_path:
         say(f"Exported   {_exported_line(summary.profile_path)}")
+    limit = None if summary.study is None else summary.study.user_attrs.get(LIMIT_ATTR)
+    if isinstance(limit, dict) and (line := summary_line(limit)):
+        say(f"Limit      {line.removeprefix('Limit: ')}")
     say(f"Storage    {display_url(summary.storage_url)}")
     if summary.profile_path:
         say(f"Profile    {summary.profile_path}")

@@ -16,6 +16,7 @@ import optuna
 from autotune.config import TrialConfig
 from autotune.durations import format_duration
 from autotune.errors import ConfigError
+from autotune.limit import LIMIT_ATTR, summary_line
 from autotune.profile import Profile
 from autotune.study_record import (
     anchors,
@@ -64,7 +65,10 @@ def export_profile(
 
         text = profile.to_yaml()
         note_text = f"## Exported profile\n\n`{saved}`\n\n```yaml\n{text}```\n"
-        save_note(study, note_text + screening_note(study))
+        limit = profile.measured.get("limit")
+        line = summary_line(limit) if limit else None
+        limit_text = f"## How far from the limit\n\n{line}\n\n" if line else ""
+        save_note(study, limit_text + note_text + screening_note(study))
     return saved
 
 
@@ -149,6 +153,26 @@ def study_profile(
             f"study {study.study_name!r}: its records are not what autotune writes "
             f"({type(e).__name__}: {e}); export another study or trial"
         ) from None
+
+
+def limit_of(study: optuna.Study, config: TrialConfig) -> dict[str, Any] | None:
+    """The study's limit measurement (``autotune.limit``) for a profile of ``config``: the
+    figures of the defaults and of ``config``; None when the last probe was of another
+    configuration (a later run, ``--trial``) or there was none."""
+    limit = study.user_attrs.get(LIMIT_ATTR)
+    if not isinstance(limit, dict):
+        return None
+    probed = limit.get("tuned") or limit.get("baseline")
+    if not isinstance(probed, dict) or probed.get("config") != config.to_dict():
+        return None
+    keep = ("trial", "world_size", "bounds", "breakdown", "comm", "next", "trace")
+    out = {
+        label: {k: rec[k] for k in keep if k in rec}
+        for label in ("baseline", "tuned")
+        if isinstance(rec := limit.get(label), dict) and "bounds" in rec
+    }
+    out["cost_s"] = limit.get("cost_s")
+    return out
 
 
 def _study_profile(study: optuna.Study, *, budget_s: float | None, trial: int | None) -> Profile:
@@ -269,6 +293,8 @@ def _study_profile(study: optuna.Study, *, budget_s: float | None, trial: int | 
             f"workload's {declared} (--free-batch): training dynamics change; a learning rate, "
             f"warm-up or schedule tuned for {declared} may need tuning again"
         )
+    if (limit := limit_of(study, config)) is not None:
+        measured["limit"] = limit
     if "numerics_drift" in best.user_attrs:  # only a study that allows drift exports it
         measured["numerics_drift"] = best.user_attrs["numerics_drift"]
     return Profile.from_config(

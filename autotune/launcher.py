@@ -142,9 +142,11 @@ class TrialRunner:
         max_memory_mb: float | None = None,
         incumbent: Interval | None = None,
         log_dir: str | None = None,
+        limit: dict[str, Any] | None = None,
     ) -> TrialResult:
         """Run one trial; raises TrialFailed with the reason when it produces no result. With
-        ``log_dir``, each rank's output goes to ``log_dir/rank-N.log`` for the trial."""
+        ``log_dir``, each rank's output goes to ``log_dir/rank-N.log`` for the trial; with
+        ``limit``, the ranks run the limit probe (``RankSpec.limit``) instead of windows."""
         import ray
         import ray.exceptions as rex
 
@@ -177,6 +179,7 @@ class TrialRunner:
                         local_rank=local[i][0],
                         local_world_size=local[i][1],
                         log_dir=log_dir,
+                        limit=limit,
                     )
                 ): i
                 for i in range(self.world_size)

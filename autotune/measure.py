@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import optuna
 
@@ -66,9 +67,11 @@ class Measurer:
         incumbent: Interval | None = None,
         measure: MeasureSettings | None = None,
         log_dir: Path | None = None,
+        limit: dict[str, Any] | None = None,
     ) -> TrialResult:
         """One real run of ``config`` (trial ``number``); raises ``TrialFailed``. With
-        ``log_dir``, the ranks' output goes there."""
+        ``log_dir``, the ranks' output goes there; with ``limit``, it is the limit probe
+        (``autotune.rank_limit``)."""
         return self.runner.run(
             trial=number,
             trainer=self.d.trainer,
@@ -80,4 +83,5 @@ class Measurer:
             max_memory_mb=self.d.max_memory_mb,
             incumbent=incumbent,
             log_dir=None if log_dir is None else str(log_dir),
+            limit=limit,
         )

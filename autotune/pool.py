@@ -29,7 +29,8 @@ from typing import Any
 
 from autotune.errors import FailureReason, TrialFailed
 from autotune.failures import classify
-from autotune.rank import RankResult, RankSpec, listening_store, run_rank
+from autotune.rank import RankResult, RankSpec, run_rank
+from autotune.rank_session import listening_store
 
 __all__ = ["LOOPBACK_ENV", "RankActor", "RankPool", "node_ip"]
 

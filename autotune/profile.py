@@ -11,7 +11,7 @@ same strict loader (``Profile.load``) that the user's training script uses::
     measured:  {baseline_samples_per_s, best_samples_per_s, speedup, speedup_interval,
                 interval, validation, trials, budget, tuning_s, note, numerics_drift?,
                 baseline_peak_memory_mb?, pareto?, batch_changed?, baseline_runs?,
-                screening?, ablation?}
+                screening?, ablation?, limit?}
     env:       {NCCL_ALGO: Ring, OMP_NUM_THREADS: "1", ...}   # ALLOWED_ENV only, string values
     ddp:       {bucket_cap_mb, gradient_as_bucket_view, static_graph, comm_hook: {name, ...}}
     data:      {num_workers, pin_memory, prefetch_factor?, persistent_workers?}

@@ -75,6 +75,7 @@ SECTIONS = {
         "baseline_runs",
         "screening",
         "ablation",
+        "limit",
     ),
     "ddp": ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "comm_hook"),
     "data": ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers"),

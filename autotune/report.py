@@ -3,7 +3,8 @@
 Every figure comes from Optuna's own visualization module, built twice from the same call:
 ``optuna.visualization`` (plotly, interactive, in the HTML page) and
 ``optuna.visualization.matplotlib`` (the PNGs, which need no browser to make or to view).
-The one figure Optuna has no function for, failures by reason, is a plain bar chart.
+The figures Optuna has no function for (failures by reason, where the step time goes) are
+plain bar charts (``autotune.report_figures``).
 
 The page also carries what the figures cannot: the study's workload and hardware, baseline and
 best throughput, the best trials with the settings they changed, each failure with its reason,
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import html
 import warnings
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.errors import ConfigError
 from autotune.export import screening_effects, study_profile
 from autotune.knobs import changed_knobs
+from autotune.report_figures import LIMIT_TITLE, failure_figures, limit_figures, limit_section
 from autotune.study_record import (
     baseline_trial,
     complete,
@@ -137,24 +138,6 @@ def _why_not(study: optuna.Study, fn: str) -> str | None:
     return None
 
 
-def _failure_figures(failures: Counter[str]) -> tuple[Any, Any]:
-    """Failures by reason as a bar chart, in plotly and in matplotlib."""
-    import matplotlib.pyplot as plt
-    import plotly.graph_objects as go
-
-    ranked = failures.most_common()
-    reasons, counts = [r for r, _ in ranked], [c for _, c in ranked]
-    pf = go.Figure(go.Bar(x=reasons, y=counts, marker_color="#d62728"))
-    pf.update_layout(title="Failed trials by reason", xaxis_title="reason", yaxis_title="trials")
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.bar(reasons, counts, color="#d62728")
-    ax.set_title("Failed trials by reason")
-    ax.set_xlabel("reason")
-    ax.set_ylabel("trials")
-    ax.yaxis.get_major_locator().set_params(integer=True)
-    return pf, ax
-
-
 def build(study: optuna.Study) -> Report:
     """Build every figure of ``study`` in memory (nothing is written)."""
     import matplotlib
@@ -183,12 +166,17 @@ def build(study: optuna.Study) -> Report:
             report.figures.append(fig)
     failures = failure_reasons(study)
     if failures:
-        pf, mf = _failure_figures(failures)
+        pf, mf = failure_figures(failures)
         report.figures.append(Figure("failures", "Failed trials by reason", pf, mf))
     else:
         report.figures.append(
             Figure("failures", "Failed trials by reason", skipped="no trial failed")
         )
+    drawn = limit_figures(study)
+    if isinstance(drawn, str):
+        report.figures.append(Figure("limit", LIMIT_TITLE, skipped=drawn))
+    else:
+        report.figures.append(Figure("limit", LIMIT_TITLE, *drawn))
     return report
 
 
@@ -362,6 +350,7 @@ def _html(report: Report) -> str:
     parts = [
         f"<h1>autotune report: {e(study.study_name)}</h1>",
         _result(study, base),
+        limit_section(study),
         "<h2>The study</h2>",
         summary,
         f"<h2>Best {min(TOP, len(ranked))} of {len(ranked)} COMPLETE trials</h2>",

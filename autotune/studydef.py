@@ -170,6 +170,12 @@ class StudyDefinition:
         help="after re-validation, measure the winner without each knob it changes and keep "
         "only the knobs whose removal costs more than the noise",
     )
+    limit: bool = setting(
+        True,
+        Switch(),
+        help="at the end, measure how far the defaults and the exported configuration are from "
+        "the limit: the step's phases, the compute ceiling, the all-reduce alone, a trace",
+    )
     free_batch: bool = setting(
         False,
         Switch(),

@@ -12,7 +12,8 @@
    budget kept by ``budget.Budget``); failed trials are FAIL with a reason, the run goes on;
 6. re-validate the best few against the baseline, interleaved (``validation.revalidate``);
 7. ablate the winner: keep only the knobs whose removal costs more than the noise
-   (``ablation.ablate``);
+   (``ablation.ablate``); then probe how far the defaults and the winner are from the limit
+   (``limit.measure_limit``: compute ceiling, ideal-overlap bound, where the step goes);
 8. export the profile (``export.export_profile``), also when Ctrl-C, SIGTERM, a lost cluster,
    a failing storage or any other error stopped the run before its budget.
 
@@ -34,6 +35,7 @@ from autotune import storage as storage_mod
 from autotune.ablation import ablate
 from autotune.budget import Budget
 from autotune.cluster import RankPlan, connect, plan_ranks
+from autotune.config import TrialConfig
 from autotune.errors import (
     BaselineFailed,
     ClusterLost,
@@ -43,16 +45,24 @@ from autotune.errors import (
     raise_terminated,
 )
 from autotune.events import Emit, Note, ignore
-from autotune.export import export_profile
+from autotune.export import export_profile, study_profile
 from autotune.failures import first_line
 from autotune.knobs import Target
 from autotune.launcher import PLACEMENT_TIMEOUT_S, TrialRunner
+from autotune.limit import measure_limit
 from autotune.measure import Measurer
 from autotune.objective import Objective
 from autotune.paths import check_study_name, check_writable, file_stem
 from autotune.search import Search
 from autotune.space import ResolvedSpace, SearchSpace
-from autotune.study_record import baseline_value, complete, counts, open_study, throughput
+from autotune.study_record import (
+    baseline_trial,
+    baseline_value,
+    complete,
+    counts,
+    open_study,
+    throughput,
+)
 from autotune.studydef import StudyDefinition
 from autotune.validation import revalidate
 from autotune.workload import Workload, load_workload
@@ -177,6 +187,8 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
                 emit(Note(f"Stopped before the budget: {search.stop_reason}"))
             # 6-7. Re-measure the best few against the baseline; keep only what carries the gain.
             conclude(study, d, resolved, budget, measure, emit)
+            if d.limit:
+                _limit(study, d, measure, req.run_dir / "logs" / file_stem(name) / "limit", emit)
         except KeyboardInterrupt as e:
             summary.interrupted = True
             by = interrupted_by(e)
@@ -234,6 +246,25 @@ def conclude(
         measure=measure,
         emit=emit,
     )
+
+
+def _limit(
+    study: optuna.Study, d: StudyDefinition, measure: Measurer, trace_dir: Path, emit: Emit
+) -> None:
+    """Probe the defaults and the configuration the profile will export (when it differs)."""
+    base = baseline_trial(study)
+    if base is None or base.state != optuna.trial.TrialState.COMPLETE:
+        return
+    profile = study_profile(study, budget_s=d.budget_s)
+    configs = {"baseline": TrialConfig.from_dict(base.user_attrs["config"])}
+    trials = {"baseline": base.number}
+    if profile.trial_config() != configs["baseline"]:
+        configs["tuned"] = profile.trial_config()
+        trials["tuned"] = profile.study["best_trial"]
+    which = " and ".join(f"{k} (trial {trials[k]})" for k in configs)
+    emit(Note(f"Measuring how far from the limit: {which}"))
+    measure_limit(study, measure, configs=configs, trials=trials, trace_dir=trace_dir,
+                  free_batch=d.free_batch, emit=emit)  # fmt: skip
 
 
 def _cause(e: BaseException) -> BaseException:

@@ -14,6 +14,7 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
+from optuna_dashboard import get_note
 
 from autotune.profile import Profile
 from tests.conftest import started_run
@@ -117,6 +118,32 @@ def test_profile_has_every_key_and_is_the_best_trial(finished_run):
     best_config = chosen.user_attrs["config"]
     assert profile.ddp_kwargs == best_config["ddp"]
     assert profile.batch["micro_batch"] == best_config["micro_batch"]
+
+
+def test_the_run_says_how_far_its_profile_is_from_the_limit(finished_run):
+    study = load(finished_run)
+    limit = study.user_attrs["limit"]
+    profile = Profile.load(finished_run["home"] / "profiles" / f"{STUDY}.yaml")
+    base = limit["baseline"]
+    # the defaults were probed as the baseline trial ran them; the exported configuration too
+    assert base["trial"] == 0 and base["config"] == study.trials[0].user_attrs["config"]
+    probed = limit.get("tuned", base)
+    assert probed["config"] == profile.trial_config().to_dict()
+    assert profile.measured["limit"]["world_size"] == 2
+    label = "tuned" if "tuned" in limit else "baseline"
+    assert profile.measured["limit"][label]["bounds"] == probed["bounds"]
+    # what it sent: the 4 x 256 MLP's gradients (267,280 fp32 values) in DDP's own buckets
+    assert probed["comm"]["wire_bytes"] == 267_280 * (2 if probed["comm"]["dtype"] != "float32"
+                                                      else 4)  # fmt: skip
+    b = probed["bounds"]
+    assert b["busbw_gbit_s"] > 0 and b["share_of_ceiling"] > 0 and b["share_of_ideal"] > 0
+    # the trace of real DDP steps is kept where the record says
+    trace = json.loads(Path(probed["trace"]).read_text())
+    assert "gloo:all_reduce" in {e.get("name") for e in trace["traceEvents"]}
+    line = next(ln for ln in finished_run["stdout"].splitlines() if ln.startswith("Limit      "))
+    assert "of the compute ceiling" in line and "next: " in line
+    # the dashboard's note leads with the same line
+    assert line.removeprefix("Limit      ") in get_note(study).split("## Exported profile")[0]
 
 
 def test_export_writes_the_same_profile(finished_run, tmp_path):

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from autotune import apply, rank
+from autotune import apply, rank, rank_session
 from autotune.config import MeasureSettings, TrialConfig
 from autotune.profile import Profile
 from autotune.rank import RankSpec, run_rank
@@ -64,9 +64,10 @@ def ddp_settings(ddp) -> dict:
 
 
 def test_the_rank_applies_through_apply_and_defines_none_of_it_itself():
-    for name in ("register_comm_hook", "_set_tf32", "_autocast_dtype", "_TF32_DEFAULTS"):
-        assert not hasattr(rank, name), name
-    assert rank.apply is apply
+    for module in (rank, rank_session):
+        for name in ("register_comm_hook", "_set_tf32", "_autocast_dtype", "_TF32_DEFAULTS"):
+            assert not hasattr(module, name), name
+    assert rank_session.apply is apply
 
 
 @pytest.mark.parametrize("hook", [{"name": "none"}, {"name": "fp16"}, POWERSGD])

@@ -1,0 +1,149 @@
+"""The limit probe inside a rank: where one configuration's step time goes, and what the same
+hardware does with communication taken out, or with nothing but communication.
+
+``probe(session, steps, settings)`` runs after the warm-up, in this order, every rank at once:
+
+1. ``steps`` DDP steps, each phase timed (data, forward, backward, optimizer; the device
+   synchronised at each edge). DDP's backward returns once its buckets are all-reduced, so the
+   backward phase holds the communication that was not hidden behind it.
+2. interleaved with them, ``steps`` steps of the bare model
+   (``Session.step(communicate=False)``): the same micro-batch, precision and DataLoader, no
+   all-reduce - each rank computing alone on its share of the machine, as it does in the
+   trial. That is the compute ceiling. Alternating step by step, both see the same machine.
+3. The communication alone: the gradients' buckets, at the sizes DDP itself settled on for
+   this configuration (``_compat.ddp_bucket_bytes``), all-reduced back to back as DDP issues
+   them, ``repeats`` times; then the last bucket alone, which no backward can hide. A
+   compressing hook (fp16, bf16) all-reduces half the bytes: the buckets are sent in that
+   dtype. PowerSGD is not modelled (its buckets are sent whole: an upper bound).
+4. With ``trace``: ``torch.profiler`` over ``PROFILED_STEPS`` DDP steps, each phase a labelled
+   range (``autotune.forward`` ...), written by rank 0 as a Chrome trace (Perfetto opens it).
+
+Each figure is a median over the steps or repeats, then the slowest rank's (one all-reduce),
+so every rank returns the same record. After step 2 the ranks' weights differ: nothing
+measured here trains anything that is kept.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from autotune.rank_session import PHASES, Session
+
+__all__ = ["PROFILED_STEPS", "probe"]
+
+#: DDP steps recorded by the profiler for the trace (outside every timed figure).
+PROFILED_STEPS = 3
+#: Comm hooks that all-reduce their buckets in a 2-byte dtype.
+HALF_HOOKS = ("fp16", "bf16")
+
+
+def _phased(
+    s: Session, steps: int
+) -> tuple[list[dict[str, float]], list[dict[str, float]], list[Any]]:
+    """``steps`` DDP steps and ``steps`` bare-model steps, alternating, their phases timed:
+    (each DDP step's phases, each bare step's, each DDP step's loss)."""
+    ddp, bare, losses = [], [], []
+    for _ in range(steps):
+        for communicate, out in ((True, ddp), (False, bare)):
+            phases = dict.fromkeys(PHASES, 0.0)
+            loss = s.step(phases, communicate=communicate)
+            out.append(phases)
+            if communicate:
+                losses.append(loss)
+    return ddp, bare, losses
+
+
+def _median_phases(steps: list[dict[str, float]]) -> dict[str, float]:
+    """Each phase's median, and the median whole step (not the sum of the medians)."""
+    med = {p: statistics.median(st[p] for st in steps) for p in PHASES}
+    med["step"] = statistics.median(sum(st.values()) for st in steps)
+    return med
+
+
+def _comm_alone(s: Session, repeats: int) -> dict[str, Any]:
+    """The gradients' all-reduce with nothing else running: (median seconds of all buckets back
+    to back, of the last bucket alone) and what was sent."""
+    import torch
+    import torch.distributed as dist
+
+    from autotune._compat import ddp_bucket_bytes
+
+    hook = s.spec.config.comm_hook.get("name", "none")
+    half = hook in HALF_HOOKS
+    dtype = (torch.bfloat16 if hook == "bf16" else torch.float16) if half else torch.float32
+    sizes = ddp_bucket_bytes(s.ddp)  # fp32 gradient bytes per bucket
+    buckets = [torch.ones(max(1, n // 4), dtype=dtype, device=s.device) for n in sizes]
+    everything: list[float] = []
+    last: list[float] = []
+    for r in range(repeats + 1):  # the first round is a warm-up: connections, allocations
+        dist.barrier()
+        s.sync()
+        t0 = time.perf_counter()
+        for work in [dist.all_reduce(b, async_op=True) for b in buckets]:
+            work.wait()
+        s.sync()
+        t1 = time.perf_counter()
+        dist.all_reduce(buckets[-1])
+        s.sync()
+        if r:
+            everything.append(t1 - t0)
+            last.append(time.perf_counter() - t1)
+    return {
+        "comm_s": statistics.median(everything),
+        "last_bucket_s": statistics.median(last),
+        "buckets": len(sizes),
+        "wire_bytes": sum(b.numel() * b.element_size() for b in buckets),
+        "dtype": str(dtype).removeprefix("torch."),
+        "modelled": hook in ("none", *HALF_HOOKS),
+    }
+
+
+def _trace(s: Session, path: str) -> None:
+    """A few DDP steps under ``torch.profiler``, each phase a labelled range; rank 0 writes
+    the Chrome trace to ``path``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if s.cuda else [])
+    with profile(activities=activities) as prof:
+        for i in range(PROFILED_STEPS):
+            with record_function(f"autotune.step{i}"):
+                s.step()
+        s.sync()
+    if s.spec.rank == 0:
+        prof.export_chrome_trace(path)
+    del prof
+    if s.cuda:
+        torch.cuda.empty_cache()
+
+
+def probe(s: Session, steps: int, settings: dict[str, Any]) -> tuple[
+    list[float], list[float], list[Any], dict[str, Any]
+]:  # fmt: skip
+    """The probe (module doc): (samples/s of each DDP step over all ranks, the slowest rank's
+    seconds of each, the losses, the record)."""
+    steps = max(int(settings.get("steps") or steps), 3)
+    ddp_steps, compute_steps, losses = _phased(s, steps)
+    comm = _comm_alone(s, int(settings.get("repeats", 5)))
+    ddp, compute = _median_phases(ddp_steps), _median_phases(compute_steps)
+    # The slowest rank's figures: the ranks wait for each other at every all-reduce.
+    worst = s.slowest([*ddp.values(), *compute.values(), comm["comm_s"], comm["last_bucket_s"]])
+    n = len(ddp)
+    ddp = dict(zip(ddp, worst[:n], strict=True))
+    compute = dict(zip(compute, worst[n : 2 * n], strict=True))
+    comm.update(comm_s=worst[-2], last_bucket_s=worst[-1])
+    per_step = s.slowest([sum(st.values()) for st in ddp_steps])
+    if settings.get("trace"):
+        _trace(s, settings["trace"])
+    record = {
+        "world_size": s.spec.world_size,
+        "samples_per_step": s.samples_per_step,
+        "accumulation_steps": s.spec.config.accumulation_steps,
+        "steps": steps,
+        "ddp": {k: round(v, 6) for k, v in ddp.items()},
+        "compute": {k: round(v, 6) for k, v in compute.items()},
+        "comm": {k: round(v, 6) if isinstance(v, float) else v for k, v in comm.items()},
+    }
+    return [s.samples_per_step / t for t in per_step], per_step, losses, record

@@ -1,0 +1,124 @@
+"""``autotune.limit``'s arithmetic on probe records written by hand: the compute ceiling, the
+ideal-overlap bound, the shares, the bus bandwidth, the advice, and which profile gets the
+record. (The probe itself runs in ``tests/integration/test_limit.py``.)"""
+
+from __future__ import annotations
+
+import copy
+
+import optuna
+import pytest
+
+from autotune.config import TrialConfig
+from autotune.export import limit_of
+from autotune.limit import bounds, breakdown, next_step, summary_line
+
+RECORD = {
+    "world_size": 2,
+    "samples_per_step": 64,
+    "accumulation_steps": 1,
+    "ddp": {"data": 0.001, "forward": 0.002, "backward": 0.010, "optimizer": 0.002, "step": 0.015},
+    "compute": {"data": 0.001, "forward": 0.002, "backward": 0.004, "optimizer": 0.002,
+                "step": 0.009},
+    "comm": {"comm_s": 0.008, "last_bucket_s": 0.002, "wire_bytes": 4_000_000},
+}  # fmt: skip
+
+
+def record(**changes) -> dict:
+    r = copy.deepcopy(RECORD)
+    for path, value in changes.items():
+        section, _, key = path.partition("__")
+        if key:
+            r[section][key] = value
+        else:
+            r[section] = value
+    return r
+
+
+def test_the_bounds_of_a_communication_heavy_step():
+    b = bounds(RECORD)
+    assert b["samples_per_s"] == pytest.approx(64 / 0.015, abs=0.01)
+    assert b["compute_ceiling"] == pytest.approx(64 / 0.009, abs=0.01)
+    # the all-reduce (8 ms) sticks out of the backward it overlaps (4 ms) by 4 ms
+    assert b["ideal_bound"] == pytest.approx(64 / 0.013, abs=0.01)
+    assert b["share_of_ideal"] == pytest.approx(0.013 / 0.015, abs=1e-4)
+    assert b["share_of_ceiling"] == pytest.approx(0.009 / 0.015, abs=1e-4)
+    # DDP's backward waited 6 ms on the all-reduce: 2 of its 8 ms were hidden
+    assert b["comm_share"] == pytest.approx(0.008 / 0.015, abs=1e-4)
+    assert b["hidden_share"] == pytest.approx(0.25, abs=1e-4)
+    assert b["exposed_comm_share"] == pytest.approx(0.006 / 0.015, abs=1e-4)
+    # 2 ranks: the ring moves 2(n-1)/n = 1 x the bytes; 4 MB in 8 ms is 4 Gbit/s
+    assert b["busbw_gbit_s"] == pytest.approx(4.0, abs=1e-4)
+
+
+def test_a_small_all_reduce_leaves_only_the_last_bucket_exposed():
+    b = bounds(record(comm__comm_s=0.001, comm__last_bucket_s=0.0005))
+    assert b["ideal_bound"] == pytest.approx(64 / 0.0095, abs=0.01)
+
+
+def test_with_accumulation_only_the_last_micro_steps_backward_hides_the_all_reduce():
+    b = bounds(record(accumulation_steps=2))
+    # backward 4 ms over 2 micro-steps: 2 ms overlap the 8 ms all-reduce, 6 ms stick out
+    assert b["ideal_bound"] == pytest.approx(64 / 0.015, abs=0.01)
+
+
+def test_the_bus_bandwidth_follows_the_ring_factor_and_is_none_for_one_rank():
+    four = bounds(record(world_size=4))
+    assert four["busbw_gbit_s"] == pytest.approx(4.0 * 1.5, abs=1e-4)  # 2(n-1)/n = 1.5
+    one = bounds(record(world_size=1))
+    assert one["busbw_gbit_s"] is None
+
+
+def test_communication_that_took_longer_in_training_than_alone_counts_whole():
+    # the backward waited 9 ms, longer than the all-reduce alone (6 ms): nothing was hidden
+    b = bounds(record(ddp__backward=0.013, ddp__step=0.018, comm__comm_s=0.006))
+    assert b["hidden_share"] == 0
+    assert b["comm_share"] == pytest.approx(0.009 / 0.018, abs=1e-4)
+
+
+def test_the_breakdown_adds_up_to_the_phases_of_the_ddp_step():
+    parts = breakdown(RECORD)
+    assert parts["exposed_comm"] == pytest.approx(0.006)
+    assert parts["backward"] == 0.004
+    phases = ("data", "forward", "backward", "optimizer")
+    assert sum(parts.values()) == pytest.approx(sum(RECORD["ddp"][p] for p in phases))
+
+
+def test_the_advice_follows_where_the_time_goes():
+    plain = TrialConfig(comm_hook={"name": "none"}, precision="fp32")
+    fp16 = TrialConfig(comm_hook={"name": "fp16"}, precision="fp32")
+    assert next_step(RECORD, plain).startswith("compression")
+    assert next_step(RECORD, fp16).startswith("a faster link")
+    assert next_step(RECORD, fp16, free_batch=True).startswith("accumulation")
+    hidden = record(ddp__backward=0.004, ddp__step=0.009)
+    assert next_step(hidden, plain).startswith("compute-bound: lower precision")
+    assert next_step(hidden, TrialConfig(precision="bf16")).startswith("compute-bound: little")
+    slow_data = record(ddp__backward=0.004, ddp__data=0.004, ddp__step=0.012)
+    assert next_step(slow_data, plain).startswith("the data pipeline")
+    # one rank never waits on an all-reduce
+    assert not next_step(record(world_size=1), plain).startswith("compression")
+
+
+def test_the_summary_line_speaks_of_the_tuned_step_or_else_the_defaults():
+    probed = {**RECORD, "bounds": bounds(RECORD), "next": "compression (a comm hook)"}
+    line = summary_line({"baseline": probed, "tuned": probed})
+    assert line.startswith("Limit: the tuned step is 53% communication, 25% of it hidden;")
+    assert "87% of the ideal-overlap bound (1.15x more possible)" in line
+    assert "60% of the compute ceiling" in line and line.endswith("next: compression (a comm hook)")
+    assert summary_line({"baseline": probed}).startswith("Limit: the default step")
+    assert summary_line({"baseline": {"failed": "timeout: no result"}}) is None
+
+
+def test_a_profile_carries_the_limit_of_its_own_configuration_only():
+    tuned = TrialConfig(comm_hook={"name": "fp16"})
+    study = optuna.create_study()
+    assert limit_of(study, tuned) is None
+    probed = {**RECORD, "bounds": bounds(RECORD), "config": tuned.to_dict(), "trial": 4}
+    study.set_user_attr("limit", {"baseline": {**probed, "config": TrialConfig().to_dict()},
+                                  "tuned": probed, "cost_s": 7.5})  # fmt: skip
+    got = limit_of(study, tuned)
+    assert got["tuned"]["trial"] == 4 and got["cost_s"] == 7.5
+    assert got["tuned"]["bounds"] == bounds(RECORD) and "baseline" in got
+    assert limit_of(study, TrialConfig(comm_hook={"name": "none"})) is None  # another config
+    study.set_user_attr("limit", "not a record")  # someone else's database
+    assert limit_of(study, tuned) is None
