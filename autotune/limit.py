@@ -46,8 +46,8 @@ __all__ = ["LIMIT_ATTR", "bounds", "breakdown", "measure_limit", "next_step", "s
 
 #: The study's user attribute holding the last limit measurement.
 LIMIT_ATTR = "limit"
-#: All-reduce rounds of the communication-only measurement.
-COMM_REPEATS = 5
+#: All-reduce rounds of the communication-only measurement (after one unmeasured round).
+COMM_REPEATS = 3
 #: Exposed communication, as a share of the step, from which communication is the bottleneck.
 COMM_BOUND_SHARE = 0.2
 #: Data loading, as a share of the step, from which the data pipeline is.

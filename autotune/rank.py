@@ -137,6 +137,10 @@ def _run_rank(spec: RankSpec, store: Any) -> RankResult:
     started = time.perf_counter()
     with open_session(spec, store) as s:
         m = spec.measure
+        if spec.limit is not None:  # a few steps: the probe's own figures are medians
+            from autotune.rank_limit import probe_warmup
+
+            m = probe_warmup(m)
         # Warm-up: until the slowest rank's step time settles (autotune.stats.SettleRule).
         settle = m.settle_rule()
         warmup_started = time.perf_counter()

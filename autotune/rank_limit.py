@@ -27,14 +27,20 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import replace
 from typing import Any
 
+from autotune.config import MeasureSettings
 from autotune.rank_session import PHASES, Session
 
-__all__ = ["PROFILED_STEPS", "probe"]
+__all__ = ["PROBE_WARMUP_STEPS", "PROFILED_STEPS", "probe", "probe_warmup"]
 
 #: DDP steps recorded by the profiler for the trace (outside every timed figure).
-PROFILED_STEPS = 3
+PROFILED_STEPS = 2
+#: Most warm-up steps before the probe: its figures are medians over its steps, and it
+#: usually runs in processes that have just run this model (on the network lab a settled
+#: warm-up took a third of a 35 s probe).
+PROBE_WARMUP_STEPS = 4
 #: Comm hooks that all-reduce their buckets in a 2-byte dtype.
 HALF_HOOKS = ("fp16", "bf16")
 
@@ -117,6 +123,16 @@ def _trace(s: Session, path: str) -> None:
     del prof
     if s.cuda:
         torch.cuda.empty_cache()
+
+
+def probe_warmup(m: MeasureSettings) -> MeasureSettings:
+    """The trial's measurement settings with the probe's shorter warm-up."""
+    return replace(
+        m,
+        min_warmup_steps=min(m.min_warmup_steps, 1),
+        settle_window=1,
+        max_warmup_steps=min(m.max_warmup_steps, PROBE_WARMUP_STEPS),
+    )
 
 
 def probe(s: Session, steps: int, settings: dict[str, Any]) -> tuple[

@@ -116,25 +116,70 @@ def test_lab_up_makes_a_two_node_ray_cluster(up_lab):
     assert "atlab-0" in st.stdout and "atlab-1" in st.stdout and "rate 1Gbit" in st.stdout
 
 
-def test_a_trial_runs_one_rank_per_node_across_the_shaped_link(up_lab, run_env):
+#: A plain TCP stream from the worker's namespace to the head's, through the shaped link: what
+#: the link carries for a payload (tbf counts frames with their headers; TCP's payload is less).
+SINK = """
+import socket, sys, time
+s = socket.socket(); s.bind(("10.213.0.1", 0)); s.listen(1)
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept(); got = len(c.recv(1 << 20)); t0 = time.perf_counter()
+while (n := len(c.recv(1 << 20))):
+    got += n
+print(got / (time.perf_counter() - t0), flush=True)
+"""
+SOURCE = """
+import socket, sys
+c = socket.create_connection(("10.213.0.1", int(sys.argv[1])))
+block = bytes(1 << 20)
+for _ in range(96):
+    c.sendall(block)
+c.close()
+"""
+
+
+def link_goodput_gbit() -> float:
+    """Gbit/s of TCP payload the shaped link carries from atlab-1 to atlab-0 (96 MiB)."""
+    import sys
+
+    sink = subprocess.Popen(["ip", "netns", "exec", "atlab-0", sys.executable, "-c", SINK],
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    port = sink.stdout.readline().strip()
+    subprocess.run(["ip", "netns", "exec", "atlab-1", sys.executable, "-c", SOURCE, port],
+                   check=True, timeout=60)  # fmt: skip
+    rate = float(sink.communicate(timeout=60)[0].strip())
+    return rate * 8 / 1e9
+
+
+def test_a_trial_and_the_limit_probe_run_one_rank_per_node_across_the_shaped_link(up_lab, run_env):
+    """The lab study's 16.8 M-parameter MLP, one rank per node: the baseline trial, then the
+    limit probe, whose all-reduce alone must reach the bus bandwidth the link carries."""
+    carried = link_goodput_gbit()
+    assert 0.8 < carried <= 1.0, carried  # the shaping is in place: at most 1 Gbit/s
     before = sent_bytes("atlab-1")
     p = subprocess.run(
         autotune_cmd("lab", "exec", "--", *autotune_cmd("run", "--address", "auto", "--study",
-                     "quick", "--placement", "spread", "--budget", "30s", "--validate-top", "0",
+                     "lab", "--n-trials", "1", "--validate-top", "0", "--budget", "5m",
                      "--quiet")),
         env=run_env, capture_output=True, text=True, timeout=400,
     )  # fmt: skip
     assert p.returncode == 0, p.stdout + p.stderr
     home = Path(run_env["AUTOTUNE_HOME"])
-    study = optuna.load_study(study_name="quick-mlp-gloo-2r",
+    study = optuna.load_study(study_name="lab-mlp-gloo-2r",
                               storage=f"sqlite:///{home / 'autotune.db'}")  # fmt: skip
-    measured = [t for t in study.trials if "nodes" in t.user_attrs]
-    assert measured and study.trials[0].state == TrialState.COMPLETE
-    for t in measured:
-        assert sorted(t.user_attrs["nodes"]) == ["10.213.0.1", "10.213.0.2"], t.user_attrs
+    base = study.trials[0]
+    assert base.state == TrialState.COMPLETE
+    assert sorted(base.user_attrs["nodes"]) == ["10.213.0.1", "10.213.0.2"], base.user_attrs
     assert study.user_attrs["autotune"]["hardware"]["node_count"] == 2
-    # The gradients crossed the lab's shaped link: a 4x256 MLP's all-reduce is ~1 MB a step.
-    assert sent_bytes("atlab-1") - before > 20e6
+    # The gradients crossed the lab's shaped link: 67 MB per all-reduce.
+    assert sent_bytes("atlab-1") - before > 500e6
+    limit = study.user_attrs["limit"]["baseline"]
+    assert limit["comm"]["wire_bytes"] == 67_272_768  # 16,818,192 fp32 gradients
+    busbw = limit["bounds"]["busbw_gbit_s"]
+    # 2 ranks: the ring moves the whole gradient once each way; never faster than the link,
+    # and within 10 % of what it carries for a plain TCP stream
+    assert busbw <= 1.0 and busbw >= 0.9 * carried, (busbw, carried)
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("Limit      "))
+    assert "communication" in line and "of the ideal-overlap bound" in line, line
 
 
 def test_a_worker_node_killed_mid_trial_fails_the_trial_and_stops_the_run(up_lab, run_env):
