@@ -107,6 +107,10 @@ def test_the_summary_line_speaks_of_the_tuned_step_or_else_the_defaults():
     assert "60% of the compute ceiling" in line and line.endswith("next: compression (a comm hook)")
     assert summary_line({"baseline": probed}).startswith("Limit: the default step")
     assert summary_line({"baseline": {"failed": "timeout: no result"}}) is None
+    one = record(world_size=1)
+    alone = summary_line({"tuned": {**one, "bounds": bounds(one), "next": "compute-bound"}})
+    assert alone.startswith("Limit: the tuned step is one rank, no link to cross: DDP's own "
+                            "bucketing costs 40%;")  # fmt: skip
 
 
 def test_a_profile_carries_the_limit_of_its_own_configuration_only():
