@@ -141,6 +141,8 @@ def tuning_run(
         "search_best_speedup": None if not summary.baseline else summary.best / summary.baseline,
         "exported_speedup": profile.measured.get("speedup"),
         "exported_interval": profile.measured.get("speedup_interval"),
+        # the exported configuration's samples/s over its ideal-overlap bound (autotune.limit)
+        "share_of_ideal": _share_of_ideal(profile.measured.get("limit")),
         "validated": bool(validation.get("beats_baseline")),
         "config": profile.trial_config().to_dict(),
         "defaults": TrialConfig.from_dict(
@@ -156,6 +158,15 @@ def tuning_run(
             "device": study_record.record(study)["hardware"]["device"],
         },
     }
+
+
+def _share_of_ideal(limit: dict[str, Any] | None) -> float | None:
+    """The exported configuration's share of its ideal-overlap bound (the tuned probe's, or the
+    defaults' when the profile keeps them); None when the run did not measure the limit."""
+    if not limit:
+        return None
+    probed = limit.get("tuned") or limit.get("baseline") or {}
+    return (probed.get("bounds") or {}).get("share_of_ideal")
 
 
 def recipe_config(defaults: TrialConfig, target: Target) -> tuple[TrialConfig, list[str]]:
@@ -255,8 +266,10 @@ def collect(a: argparse.Namespace, out: Path) -> dict[str, Any]:
              "budget_s": budget, "screening": s == "tpe"})
             for seed in range(a.seeds) for s in ("tpe", "random")
         ]  # fmt: skip
+        # (the oracle's profile is re-measured side by side; its limit is not needed)
         plan.append(("oracle", {"sampler": "grid", "seed": 0, "space": a.oracle_space,
-                                "budget_s": parse_duration(a.oracle_budget)}))  # fmt: skip
+                                "budget_s": parse_duration(a.oracle_budget),
+                                "limit": False}))  # fmt: skip
         for name, changes in plan:
             try:
                 raw["runs"].append(tuning_run(d, out, name, a.address, **changes))
@@ -407,8 +420,9 @@ def report(raw: dict[str, Any], result: dict[str, Any], out: Path) -> None:
             _fmt(row["vs_oracle"]),
         )
     runs_table = Table(
-        "run", "trials", "overhead (median)", "efficiency", "exported", "re-measured"
-    )
+        "run", "trials", "overhead (median)", "efficiency", "exported", "re-measured",
+        "of the ideal bound",
+    )  # fmt: skip
     for r in result["runs"]:
         exp, re = r["exported_speedup"], r["remeasured_speedup"]
         runs_table.add_row(
@@ -418,6 +432,7 @@ def report(raw: dict[str, Any], result: dict[str, Any], out: Path) -> None:
             f"{r['efficiency']:.0%}",
             "= defaults" if r["exported_defaults"] else ("-" if exp is None else f"{exp:.3f}x"),
             "-" if re is None else f"{re:.3f}x",
+            "-" if r.get("share_of_ideal") is None else f"{r['share_of_ideal']:.0%}",
         )
     console = Console(highlight=False, width=130)
     console.print(table, runs_table)
@@ -446,7 +461,7 @@ def report(raw: dict[str, Any], result: dict[str, Any], out: Path) -> None:
             w.writerow([row["contender"], row["measured_as"], *cells, row["failed"]])
     run_cols = ["name", "sampler", "seed", "budget_s", "wall_s", "trials", "complete", "pruned",
                 "failed", "overhead_median_s", "timed_s", "efficiency", "search_best",
-                "search_best_speedup", "exported_speedup", "exported_defaults",
+                "search_best_speedup", "exported_speedup", "exported_defaults", "share_of_ideal",
                 "remeasured_speedup", "reproduces"]  # fmt: skip
     with open(out / "runs.csv", "w", newline="") as f:
         w = csv.DictWriter(f, run_cols, extrasaction="ignore")

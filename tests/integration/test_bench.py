@@ -37,6 +37,8 @@ def test_the_benchmark_runs_every_contender_and_writes_its_results(ray_address, 
     assert runs["tuner-s0"]["sampler"] == "tpe" and runs["random-s0"]["sampler"] == "random"
     for r in runs.values():
         assert r["overheads_s"] and 0 < r["efficiency"] < 1 and r["timed_s"] > 0
+    # the tuning runs' exported configuration against its ideal-overlap bound; not the oracle's
+    assert runs["tuner-s0"]["share_of_ideal"] > 0 and runs["oracle"]["share_of_ideal"] is None
     # every distinct configuration measured once per round, interleaved: A B B A for two
     for key, xs in raw["samples"].items():
         assert len(xs) == 2, (key, xs)
