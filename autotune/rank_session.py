@@ -133,27 +133,26 @@ def _batches(loader: Any, sampler: Any) -> Iterator[Any]:
         epoch += 1
 
 
+@dataclass(eq=False, kw_only=True)
 class Session:
     """One rank's training objects for one trial (built by ``open_session``)."""
 
-    def __init__(self, spec: RankSpec, *, device: Any, workload: Any, ddp: Any, optimizer: Any,
-                 loader: Any, batches: Iterator[Any], scaler: Any) -> None:  # fmt: skip
-        import torch
+    spec: RankSpec
+    device: Any
+    workload: Any
+    ddp: Any
+    optimizer: Any
+    loader: Any
+    batches: Iterator[Any]
+    scaler: Any
+    peak_rss: float = 0.0
+    """This trial's peak RSS (MiB), sampled where memory use peaks."""
+    curve: list[Any] = field(default_factory=list)
+    """The first steps' losses (tensors), for the numerics guard."""
 
-        self.spec = spec
-        self.device = device
-        self.cuda = device.type == "cuda"
-        self.workload = workload
-        self.ddp = ddp
-        self.optimizer = optimizer
-        self.loader = loader
-        self.batches = batches
-        self.scaler = scaler
-        self.peak_rss = 0.0
-        """This trial's peak RSS (MiB), sampled where memory use peaks."""
-        self.curve: list[Any] = []
-        """The first steps' losses (tensors), for the numerics guard."""
-        self._torch = torch
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
 
     @property
     def samples_per_step(self) -> int:
@@ -163,21 +162,25 @@ class Session:
 
     def sync(self) -> None:
         if self.cuda:
-            self._torch.cuda.synchronize(self.device)
+            import torch
+
+            torch.cuda.synchronize(self.device)
 
     def slowest(self, values: list[float]) -> list[float]:
         """Each value's maximum over the ranks: every rank gets the same list, so every rank
         takes the same decision from it (settled, stop, prune) without another message."""
+        import torch
         import torch.distributed as dist
 
-        t = self._torch.tensor(values, dtype=self._torch.float64, device=self.device)
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return [float(v) for v in t.tolist()]
 
     def step(self, phases: dict[str, float] | None = None, *, communicate: bool = True) -> Any:
         """One optimizer step; its loss (a tensor). With ``phases``, each phase's seconds are
         added to it (module doc)."""
-        torch = self._torch
+        import torch
+
         cfg, spec, wl = self.spec.config, self.spec, self.workload
         accum = cfg.accumulation_steps
         model = self.ddp if communicate else self.ddp.module
@@ -298,7 +301,7 @@ def open_session(spec: RankSpec, store: Any) -> Iterator[Session]:
             **apply.dataloader_kwargs(cfg.micro_batch, cfg.data),
         )
         yield Session(
-            spec,
+            spec=spec,
             device=device,
             workload=wl,
             ddp=ddp,
