@@ -129,8 +129,8 @@ def test_the_run_says_how_far_its_profile_is_from_the_limit(finished_run):
     assert base["trial"] == 0 and base["config"] == study.trials[0].user_attrs["config"]
     probed = limit.get("tuned", base)
     assert probed["config"] == profile.trial_config().to_dict()
-    assert profile.measured["limit"]["world_size"] == 2
     label = "tuned" if "tuned" in limit else "baseline"
+    assert profile.measured["limit"][label]["world_size"] == 2
     assert profile.measured["limit"][label]["bounds"] == probed["bounds"]
     # what it sent: the 4 x 256 MLP's gradients (267,280 fp32 values) in DDP's own buckets
     assert probed["comm"]["wire_bytes"] == 267_280 * (2 if probed["comm"]["dtype"] != "float32"
@@ -322,8 +322,11 @@ def test_a_failing_configuration_is_recorded_and_the_study_goes_on(ray_address, 
     for t in later:
         assert "logs" not in t.user_attrs and not (logs / f"trial-{t.number}").exists()
     assert sorted(d.name for d in logs.iterdir()) == sorted(
-        f"trial-{t.number}" for t in [trials[0], *failed]
+        ["limit", *(f"trial-{t.number}" for t in [trials[0], *failed])]
     )
+    # the limit probes' traces, one per probed configuration, replaced by the next run's
+    assert {p.name for p in (logs / "limit").iterdir()} <= {"baseline.trace.json",
+                                                           "tuned.trace.json"}  # fmt: skip
 
 
 def test_kill_9_then_the_same_command_resumes_the_study(ray_address, run_env, tmp_path):
