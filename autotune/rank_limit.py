@@ -3,10 +3,10 @@ hardware does with communication taken out, or with nothing but communication.
 
 ``probe(session, steps, settings)`` runs after the warm-up, in this order, every rank at once:
 
-1. ``steps`` DDP steps, each phase timed (data, forward, backward, optimizer; the device
-   synchronised at each edge). DDP's backward returns once its buckets are all-reduced, so the
-   backward phase holds the communication that was not hidden behind it.
-2. alternating with them in blocks (DDP, bare, DDP, bare), ``steps`` steps of the bare model
+1. DDP steps (two windows' worth, ``MIN_STEPS`` to ``MAX_STEPS``), each phase timed (data,
+   forward, backward, optimizer; ``Session.step``). DDP's backward returns once its buckets
+   are all-reduced, so the backward phase holds the communication not hidden behind it.
+2. alternating with them in blocks (DDP, bare, DDP, bare), as many steps of the bare model
    (``Session.step(communicate=False)``): the same micro-batch, precision and DataLoader, no
    all-reduce - each rank computing alone on its share of the machine, as it does in the
    trial. That is the compute ceiling. Alternating, both see the same machine.
@@ -35,6 +35,11 @@ from autotune.rank_session import PHASES, Session
 
 __all__ = ["PROBE_WARMUP_STEPS", "PROFILED_STEPS", "probe", "probe_warmup"]
 
+#: DDP steps (and as many bare ones) the probe times: two windows' worth, within these. Fewer
+#: let one slow step of a loaded machine move the mean: with 3 steps the default MLP's probe
+#: read 268 samples/s where its trials read 350-377.
+MIN_STEPS = 8
+MAX_STEPS = 200
 #: DDP steps recorded by the profiler for the trace (outside every timed figure).
 PROFILED_STEPS = 2
 #: Most warm-up steps before the probe: its figures are means over its steps, and it
@@ -151,7 +156,7 @@ def probe(s: Session, steps: int, settings: dict[str, Any]) -> tuple[
 ]:  # fmt: skip
     """The probe (module doc): (samples/s of each DDP step over all ranks, the slowest rank's
     seconds of each, the losses, the record)."""
-    steps = max(int(settings.get("steps") or steps), 3)
+    steps = int(settings.get("steps") or min(max(2 * steps, MIN_STEPS), MAX_STEPS))
     ddp_steps, compute_steps, losses = _phased(s, steps)
     comm = _comm_alone(s, int(settings.get("repeats", 5)))
     ddp, compute = _mean_phases(ddp_steps), _mean_phases(compute_steps)
