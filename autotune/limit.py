@@ -142,11 +142,6 @@ def summary_line(limit: dict[str, Any]) -> str | None:
     )
 
 
-def configs_failed(limit: dict[str, Any]) -> list[tuple[str, str]]:
-    """(label, reason) of each probe of ``limit`` that failed."""
-    return [(k, v["failed"]) for k, v in limit.items() if isinstance(v, dict) and "failed" in v]
-
-
 def measure_limit(
     study: optuna.Study,
     measure: Any,

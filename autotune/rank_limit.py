@@ -123,8 +123,9 @@ def _comm_alone(s: Session, repeats: int) -> dict[str, Any]:
 
 
 def _trace(s: Session, path: str) -> None:
-    """A few DDP steps under ``torch.profiler``, each phase a labelled range; rank 0 writes
-    the Chrome trace to ``path``."""
+    """A few DDP steps under ``torch.profiler``, each step a labelled range
+    (``autotune.stepN``; DDP, autograd, the optimizer and the collectives label their own
+    within it); rank 0 writes the Chrome trace to ``path``."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 

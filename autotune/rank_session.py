@@ -230,7 +230,7 @@ class Session:
         self.peak_rss = max(self.peak_rss, rss_mb())  # params, grads, optimizer state, all alive
         self.optimizer.zero_grad(set_to_none=True)
         mark("optimizer")
-        if events and phases is not None:
+        if events:  # recorded only when timing phases on a GPU
             events[-1][1].synchronize()
             for (_, start), (phase, end) in zip(events, events[1:], strict=False):
                 phases[phase] = phases.get(phase, 0.0) + start.elapsed_time(end) / 1e3

@@ -26,7 +26,13 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.errors import ConfigError
 from autotune.export import screening_effects, study_profile
 from autotune.knobs import changed_knobs
-from autotune.report_figures import LIMIT_TITLE, failure_figures, limit_figures, limit_section
+from autotune.report_figures import (
+    LIMIT_TITLE,
+    failure_figures,
+    html_table,
+    limit_figures,
+    limit_section,
+)
 from autotune.study_record import (
     baseline_trial,
     complete,
@@ -274,16 +280,6 @@ def _result(study: optuna.Study, base: FrozenTrial | None) -> str:
     return f"<h2>Result</h2><p><b>{e(profile.headline())}</b></p>{body}"
 
 
-def _table(header: list[str], rows: list[list[Any]]) -> str:
-    e = html.escape
-    head = "".join(f"<th>{e(str(h))}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{e('' if c is None else str(c))}</td>" for c in r) + "</tr>"
-        for r in rows
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
 def _fmt(x: Any, spec: str) -> str:
     return "" if x is None else format(x, spec)
 
@@ -315,7 +311,7 @@ def _summary(study: optuna.Study) -> tuple[str, FrozenTrial | None]:
         )
     for item in rec.get("left_out", []):
         rows.append(["left out", item])
-    return _table(["", ""], rows), base
+    return html_table(["", ""], rows), base
 
 
 def _html(report: Report) -> str:
@@ -354,7 +350,7 @@ def _html(report: Report) -> str:
         "<h2>The study</h2>",
         summary,
         f"<h2>Best {min(TOP, len(ranked))} of {len(ranked)} COMPLETE trials</h2>",
-        _table(
+        html_table(
             ["trial", _objective_name(study), "speedup", "window s", "overhead s", "changed"],
             best_rows,
         ),
@@ -364,7 +360,7 @@ def _html(report: Report) -> str:
         ranked_fx = sorted(effects.items(), key=lambda kv: -(kv[1]["speedup"] or 0.0))
         parts.append("<h2>Screening: each knob moved alone from the defaults</h2>")
         parts.append(
-            _table(
+            html_table(
                 ["knob", "speedup vs the defaults", "helps"],
                 [
                     [k, _fmt(x["speedup"], ".3f"), "yes" if x["helps"] else "no"]
@@ -379,7 +375,7 @@ def _html(report: Report) -> str:
         else:
             parts.append(fig.plotly.to_html(full_html=False, include_plotlyjs=False))
     parts.append(f"<h2>Failed trials ({len(failed)})</h2>")
-    parts.append(_table(["trial", "reason", "detail", "changed", "rank logs"], fail_rows))
+    parts.append(html_table(["trial", "reason", "detail", "changed", "rank logs"], fail_rows))
     note = _profile_note(study)
     if note:
         parts.append(f"<h2>Exported profile</h2><pre>{e(note)}</pre>")

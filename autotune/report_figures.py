@@ -12,7 +12,7 @@ import optuna
 
 from autotune.limit import LIMIT_ATTR, summary_line
 
-__all__ = ["LIMIT_TITLE", "failure_figures", "limit_figures", "limit_section"]
+__all__ = ["LIMIT_TITLE", "failure_figures", "html_table", "limit_figures", "limit_section"]
 
 LIMIT_TITLE = "Where the step time goes"
 #: The parts of a DDP step, in the order they happen, with their colours.
@@ -24,6 +24,17 @@ PARTS = {
     "optimizer": ("optimizer", "#ff7f0e"),
 }
 LABELS = {"baseline": "defaults", "tuned": "tuned"}
+
+
+def html_table(header: list[str], rows: list[list[Any]]) -> str:
+    """An HTML table of ``rows`` under ``header``, every cell escaped (None: empty)."""
+    e = html.escape
+    head = "".join(f"<th>{e(str(h))}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{e('' if c is None else str(c))}</td>" for c in r) + "</tr>"
+        for r in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def failure_figures(failures: Counter[str]) -> tuple[Any, Any]:
@@ -111,16 +122,11 @@ def limit_section(study: optuna.Study) -> str:
             pct(b.get("comm_share")), pct(b.get("hidden_share")),
             "" if bus is None else f"{bus:.3g} Gbit/s", rec.get("next", ""), rec.get("trace") or "",
         ])  # fmt: skip
-    cells = "".join(f"<th>{e(h)}</th>" for h in head)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{e('' if c is None else str(c))}</td>" for c in r) + "</tr>"
-        for r in rows
-    )
     line = summary_line(study.user_attrs[LIMIT_ATTR]) or ""
     cost = study.user_attrs[LIMIT_ATTR].get("cost_s")
     return (
         f"<h2>How far from the limit</h2><p><b>{e(line)}</b></p>"
-        f"<table><thead><tr>{cells}</tr></thead><tbody>{body}</tbody></table>"
+        f"{html_table(head, rows)}"
         f"<p>Measured after the search in {e(str(cost))} s: the compute ceiling is the same "
         "step on the bare model (no all-reduce), the ideal-overlap bound that step plus the "
         "part of the all-reduce alone that the last backward cannot hide. The traces open in "

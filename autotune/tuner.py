@@ -256,10 +256,11 @@ def _limit(
     if base is None or base.state != optuna.trial.TrialState.COMPLETE:
         return
     profile = study_profile(study, budget_s=d.budget_s)
+    tuned = profile.trial_config()
     configs = {"baseline": TrialConfig.from_dict(base.user_attrs["config"])}
     trials = {"baseline": base.number}
-    if profile.trial_config() != configs["baseline"]:
-        configs["tuned"] = profile.trial_config()
+    if tuned != configs["baseline"]:
+        configs["tuned"] = tuned
         trials["tuned"] = profile.study["best_trial"]
     which = " and ".join(f"{k} (trial {trials[k]})" for k in configs)
     emit(Note(f"Measuring how far from the limit: {which}"))
