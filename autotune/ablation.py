@@ -20,13 +20,12 @@ holds (at least 2), at most the re-validation's.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import optuna
 
 from autotune.budget import Budget
-from autotune.config import TrialConfig
+from autotune.config import MeasureSettings, TrialConfig
 from autotune.events import Emit, Note
 from autotune.knobs import changed_knobs
 from autotune.measure import Measurer
@@ -39,6 +38,7 @@ from autotune.validation import measure_interleaved
 __all__ = ["ablate", "variants"]
 
 WINNER = "winner"
+REDUCED = "without the unproven knobs"
 #: The confidence of the interval a knob's contribution must lie above 1 in to be kept.
 CONFIDENCE = 0.95
 
@@ -92,8 +92,7 @@ def ablate(
             f"its default, {rounds} interleaved rounds ({len(order)} runs)"
         )
     )
-    m = definition.measure
-    short = replace(m, max_windows=m.min_windows)
+    short = definition.measure.rerun()
 
     def run(key: str) -> TrialResult:
         return measure(number, configs[key], measure=short)
@@ -125,6 +124,19 @@ def ablate(
     defaults = space.defaults()
     for k in dropped:
         values[k] = defaults[k]
+    joint = None
+    if len(dropped) >= 2:
+        # Each drop alone cost nothing beyond the noise; all of them at once is another
+        # configuration, measured before it is exported.
+        reduced = TrialConfig.from_values(values, space.target)
+        joint = _check_joint(number, dropped, configs[WINNER], reduced, rounds, short,
+                             budget, measure, emit)  # fmt: skip
+        if joint["kept_back"]:
+            for k in dropped:
+                others = ", ".join(o for o in dropped if o != k)
+                contributions[k].update(kept=True, why=f"dropped with {others}: {joint['why']}")
+            values = space.values_from_params(dict(winner.params))
+            dropped = []
     params = {n: values[n] for n in space.active(values)}
     record = {
         "trial": number,
@@ -134,6 +146,7 @@ def ablate(
         "contributions": contributions,
         "dropped": dropped,
         "together": together,
+        "joint": joint,
         "params": params,
         "config": TrialConfig.from_values(values, space.target).to_dict(),
         "timed_s": round(timed_s, 3),
@@ -149,4 +162,46 @@ def ablate(
             emit(Note(f"  {k}={c['value']}: kept ({c['why']})"))
     if together:
         emit(Note("No knob carries the gain alone beyond the noise: they are kept together"))
+    if joint is not None:
+        emit(Note(f"  without {', '.join(joint['knobs'])} at once: {joint['why']}"))
     return record
+
+
+def _check_joint(
+    number: int,
+    knobs: list[str],
+    winner: TrialConfig,
+    reduced: TrialConfig,
+    rounds: int,
+    short: MeasureSettings,
+    budget: Budget,
+    measure: Measurer,
+    emit: Emit,
+) -> dict[str, Any]:
+    """The winner against ``reduced``: the winner with ``knobs`` (each of which failed to prove
+    itself alone) set back at once, interleaved over at most ``rounds`` rounds. The knobs go
+    back in (``kept_back``) when dropping them together costs more than the noise, or when the
+    check cannot be made (too little budget left, a run failed): what is exported is then a
+    measured configuration, the winner."""
+    n = min(rounds, budget.ablation_rounds(1))
+    out: dict[str, Any] = {"knobs": knobs, "rounds": n}
+    if n < 2:
+        return {**out, "kept_back": True, "why": "not measured together (no budget left): kept"}
+    keys = [WINNER, REDUCED]
+    order = interleave(keys, n)
+    emit(Note(f"Measuring trial {number} {REDUCED} ({', '.join(knobs)}) once more: {n} rounds"))
+    configs = {WINNER: winner, REDUCED: reduced}
+    done = measure_interleaved(
+        keys, order, lambda k: measure(number, configs[k], measure=short), emit, essential=WINNER
+    )
+    if done is None or done[1]:
+        return {**out, "kept_back": True, "why": "a run of the check failed: kept"}
+    runs = done[0]
+    k = min(len(runs[WINNER]), len(runs[REDUCED]))
+    sp = speedup_ci(runs[WINNER][:k], runs[REDUCED][:k], CONFIDENCE)
+    kept_back = sp.low > 1.0
+    verdict = "together they carry gain: kept" if kept_back else "no gain beyond the noise: dropped"
+    shown = f"{sp.median:.3f}x ({sp.low:.3f}-{sp.high:.3f})"
+    why = f"the winner is {shown} itself without them - {verdict}"
+    return {**out, "speedup": [sp.low, sp.median, sp.high], "kept_back": kept_back, "why": why,
+            "measurements": {k: [round(x, 2) for x in xs] for k, xs in runs.items()}}  # fmt: skip

@@ -50,6 +50,13 @@ def validation_plan(
     return top, rounds
 
 
+def ablation_runs(knobs: int) -> int:
+    """Runs per round of the ablation of a winner changing ``knobs`` knobs: the winner and one
+    variant per knob, and when two or more knobs could be dropped while another is kept, the
+    winner and the configuration without all of them (``ablation._check_joint``)."""
+    return knobs + 1 + (2 if knobs >= 3 else 0)
+
+
 class Budget:
     """The budget of ``definition`` (``budget_s``), from ``start()`` on, on ``clock`` (seconds;
     the replay benchmark, ``autotune.replay``, passes a simulated one)."""
@@ -105,13 +112,13 @@ class Budget:
         return None if medians is None else validation_plan(self.d, self.total_s, medians[1])
 
     def ablation_rounds(self, knobs: int) -> int:
-        """Rounds of the ablation of a winner changing ``knobs`` knobs (the winner and one
-        variant per knob each round) that the budget left holds, at most the re-validation's
-        (``ablation.ablate`` needs 2)."""
+        """Rounds of the ablation of a winner changing ``knobs`` knobs (``ablation_runs`` per
+        round) that the budget left holds, at most the re-validation's (``ablation.ablate``
+        needs 2). ``ablation_rounds(1)``: rounds of two runs, as the joint check takes."""
         medians, plan = self._medians(), self.validation_plan()
         if medians is None or plan is None:
             return 0
-        return min(plan[1], int(self.left_s() // ((knobs + 1) * medians[1])))
+        return min(plan[1], int(self.left_s() // (ablation_runs(knobs) * medians[1])))
 
     def limit_reserve_s(self, run_wall_s: float) -> float:
         """Seconds kept for the limit probes: ``limit_runs`` re-validation-sized runs, at most
@@ -136,5 +143,5 @@ class Budget:
         if plan is not None and to_revalidate:
             runs = (min(to_revalidate, plan[0]) + 1) * plan[1]
         if runs and ablate >= 2:
-            runs += (ablate + 1) * plan[1]
+            runs += ablation_runs(ablate) * plan[1]
         return left >= wall + run * runs + self.limit_reserve_s(run)

@@ -10,6 +10,7 @@ read a stored study) and ``cli_tools`` (profiles, the network lab, listings).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
@@ -123,6 +124,12 @@ def _add_run(sub: Any) -> None:
         help="no live display: one plain line per trial, for logs (also when stdout is "
         "not a terminal)",
     )
+    r.add_argument(
+        "cmd",
+        nargs=argparse.REMAINDER,
+        help="script mode: -- CMD ... runs your own training command as each trial (e.g. -- "
+        "torchrun --nproc-per-node 2 train.py); needs --global-batch",
+    )
     r.set_defaults(action=cmd_run)
 
 
@@ -134,6 +141,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     flags = settings.flag_values(args, StudyDefinition)  # errors name the flag
     d = StudyDefinition.load(args.study).override(**flags)
+    if args.cmd:
+        if args.cmd[0] != "--" or len(args.cmd) < 2:
+            raise ConfigError(
+                f"autotune run: unexpected {args.cmd[0]!r}; a command goes after --: "
+                "autotune run [options] -- CMD ..."
+            )
+        d = dataclasses.replace(d, command=tuple(args.cmd[1:]))
     # A terminal gets the live display; --quiet or a log file gets plain lines.
     console = Console(force_terminal=False) if args.quiet else Console()
     req = RunRequest(

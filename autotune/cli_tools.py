@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
+from autotune.paths import check_command
 
 __all__ = ["add_commands"]
 
@@ -80,19 +81,16 @@ def cmd_env(args: argparse.Namespace) -> int:
 def cmd_launch(args: argparse.Namespace) -> int:
     """Replace this process with the command (exec), the profile's environment applied, so that
     Ctrl-C and SIGTERM reach the command itself (torchrun then stops its own workers)."""
-    import shutil
-
     from autotune.profile import Profile
 
     cmd = _command(args.cmd)
     if not cmd:
         raise ConfigError("autotune launch: no command; write autotune launch PROFILE -- CMD ...")
     profile = Profile.load(args.profile)
-    env = {**os.environ, **profile.env}
-    if shutil.which(cmd[0], path=env.get("PATH", os.defpath)) is None:
-        raise ConfigError(
-            f"autotune launch: no such command {cmd[0]!r} (not an executable file, nor on PATH)"
-        )
+    # AUTOTUNE_PROFILE: the script's Profile.load() without a path finds this profile
+    env = {**os.environ, **profile.env, "AUTOTUNE_PROFILE": str(Path(args.profile).resolve())}
+    env.pop("AUTOTUNE_REPORT_DIR", None)  # the real job reports to no trial
+    check_command(cmd[0], who="autotune launch", path=env.get("PATH", os.defpath))
     for diff in profile.hardware_differences():
         print(f"autotune: warning: measured on other hardware: {diff}", file=sys.stderr)
     sys.stdout.flush()

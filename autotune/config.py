@@ -14,7 +14,7 @@ into the settings each rank applies where they act:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 from autotune.errors import ConfigError
@@ -177,6 +177,12 @@ class MeasureSettings:
             min_steps=self.min_warmup_steps,
             max_steps=self.max_warmup_steps,
         )
+
+    def rerun(self) -> MeasureSettings:
+        """The settings of a re-measurement run (re-validation, ablation): ``min_windows``
+        windows. The noise of such a comparison is between runs, so short runs in more
+        rounds say more than long runs in few."""
+        return replace(self, max_windows=self.min_windows)
 
     def stop_rule(self) -> Any:
         from autotune.stats import StopRule

@@ -113,6 +113,15 @@ def ablation_of(study: optuna.Study, number: int) -> tuple[dict[str, Any], dict[
             entry["why"] = c["why"]
         out[k] = entry
     summary = {"rounds": rec.get("rounds"), "knobs": out, "together": rec.get("together") is True}
+    joint = rec.get("joint")
+    if isinstance(joint, dict) and isinstance(joint.get("knobs"), list):
+        sp = joint.get("speedup")
+        summary["joint"] = {
+            "knobs": [k for k in joint["knobs"] if isinstance(k, str)],
+            "kept_back": joint.get("kept_back") is True,
+        }
+        if isinstance(sp, list) and len(sp) == 3 and all(isinstance(x, (int, float)) for x in sp):
+            summary["joint"]["speedup"] = [round(float(x), 4) for x in sp]
     return summary, rec["config"]
 
 

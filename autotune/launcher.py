@@ -13,12 +13,17 @@ asked whether one of the trial's nodes died (``node_lost``). After any failure (
 
 One runner serves one thread at a time (the trial's); ``abort`` may be called from another
 (Ctrl-C) to kill the running trial's ranks.
+
+Script mode (``autotune.script_trial``) uses the group differently: ``call_in_group`` runs one
+Ray task in the group's first bundle, on the group's one node (``strict_pack``), and that task
+starts the user's command, which starts its own ranks there.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from autotune.config import MeasureSettings, TrialConfig
 from autotune.errors import ClusterLost, ConfigError, FailureReason, TrialFailed
@@ -31,6 +36,8 @@ from autotune.stats import Interval
 
 __all__ = ["TrialRunner", "local_ranks"]
 
+T = TypeVar("T")
+
 #: How long a placement group may take to be placed before the run gives up.
 PLACEMENT_TIMEOUT_S = 60.0
 #: After a rank fails, how long to wait for the others to say whether their node died.
@@ -40,6 +47,9 @@ ROOT_CAUSE_WAIT_S = 3.0
 NODE_DEATH_WAIT_S = 20.0
 #: How long a trial waits for the placement group to be placed again after a node was lost.
 REPLACEMENT_TIMEOUT_S = 30.0
+#: What a task in the group (``call_in_group``) may take beyond its own timeout: scheduling,
+#: and ending the command's processes.
+TASK_GRACE_S = 30.0
 
 
 def local_ranks(nodes: dict[int, str], world_size: int) -> list[tuple[int, int]]:
@@ -101,6 +111,7 @@ class TrialRunner:
             gpus_per_rank=self.gpus_per_rank,
         )
         self._probe_fn = ray.remote(describe)
+        self._task: Any = None  # the running call_in_group's task
 
     def _strategy(self, index: int) -> Any:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -110,9 +121,51 @@ class TrialRunner:
         )
 
     def abort(self) -> None:
-        """Kill the running trial's ranks now (Ctrl-C from another thread): the trial then
-        fails at once instead of running to its end."""
+        """Kill the running trial's ranks (or task) now (Ctrl-C from another thread): the
+        trial then fails at once instead of running to its end."""
+        import ray
+
         self.pool.drop()
+        if (task := self._task) is not None:
+            # a KeyboardInterrupt in the task: its ``finally`` ends the command's processes
+            # before ``call_in_group`` returns
+            ray.cancel(task)
+
+    def call_in_group(self, fn: Callable[..., T], *, wait_s: float, **kwargs: Any) -> T:
+        """``fn(**kwargs)`` as one Ray task in the group's first bundle, and its value. A
+        ``TrialFailed`` it raises is raised here; a task that is cancelled (``abort``), dies (a
+        lost node) or gives no answer ``TASK_GRACE_S`` after ``wait_s`` fails the trial. A
+        cancel raises KeyboardInterrupt in the task, whose ``finally`` blocks run before this
+        returns; a worker killed outright leaves the cleanup to whatever watches its parent
+        (``script_guard``)."""
+        import ray
+        import ray.exceptions as rex
+
+        self.ensure_placed()
+        self.pool.drop()  # pooled rank actors hold the bundles' CPUs
+        remote = ray.remote(fn).options(
+            num_cpus=self.cpus_per_rank, max_retries=0, scheduling_strategy=self._strategy(0)
+        )
+        self._task = task = remote.remote(**kwargs)
+        try:
+            return ray.get(task, timeout=wait_s + TASK_GRACE_S)
+        except rex.GetTimeoutError:
+            ray.cancel(task)
+            if not ray.wait([task], timeout=TASK_GRACE_S)[0]:
+                ray.cancel(task, force=True)  # its worker dies; script_guard ends the rest
+            raise TrialFailed(
+                FailureReason.TIMEOUT, f"no answer after {wait_s + TASK_GRACE_S:.0f}s"
+            ) from None
+        except rex.TaskCancelledError:
+            raise TrialFailed(FailureReason.INTERRUPTED, "stopped by the driver") from None
+        except rex.RayTaskError as e:
+            if isinstance(e.cause, TrialFailed):
+                raise e.cause from None
+            raise classify(0, e) from None
+        except rex.RayError as e:  # the task's worker or node died
+            raise classify(0, e) from None
+        finally:
+            self._task = None
 
     def probe(self) -> dict[str, Any]:
         """The hardware seen from rank 0's bundle, plus the number of nodes the ranks span."""

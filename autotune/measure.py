@@ -9,6 +9,7 @@ said nothing uses the first.
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,12 @@ class Measurer:
         """The calling thread's trials run on ``runner`` from now on."""
         self._local.runner = runner
 
+    def abort(self) -> None:
+        """End every running trial now (Ctrl-C, from the main thread): each fails at once
+        instead of running to its end."""
+        for r in self.runners:
+            r.abort()
+
     def trial_timeout(self) -> float:
         """``--trial-timeout``, else 4x the baseline trial's wall time (at least 30 s)."""
         if self.d.trial_timeout_s is not None:
@@ -72,6 +79,26 @@ class Measurer:
         """One real run of ``config`` (trial ``number``); raises ``TrialFailed``. With
         ``log_dir``, the ranks' output goes there; with ``limit``, it is the limit probe
         (``autotune.rank_limit``)."""
+        if self.d.command:  # script mode: the user's command, in the placement group
+            from autotune.script_trial import run_script
+
+            if limit is not None:
+                raise ValueError("script mode has no limit probe")
+            timeout_s = self.trial_timeout()
+            return self.runner.call_in_group(
+                run_script,
+                wait_s=timeout_s,
+                command=list(self.d.command),
+                config=config,
+                world_size=self.runner.world_size,
+                backend=self.runner.backend,
+                measure=measure or self.d.measure,
+                timeout_s=timeout_s,
+                incumbent=incumbent,
+                log_dir=None if log_dir is None else str(log_dir),
+                cwd=os.getcwd(),  # the command as the user typed it, where they typed it
+                env=dict(os.environ),
+            )
         return self.runner.run(
             trial=number,
             trainer=self.d.trainer,

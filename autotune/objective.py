@@ -7,12 +7,14 @@ Every way a trial ends maps to one Optuna state in ``__call__``, as Optuna's own
 clearly below the incumbent raises ``TrialPruned`` (PRUNED); a ``TrialFailed`` is recorded
 with its reason and re-raised for ``study.optimize(catch=...)`` (FAIL; the run goes on); a
 failed baseline raises ``BaselineFailed`` and a lost cluster ``ClusterLost`` (both stop the
-run); Ctrl-C or SIGTERM is recorded ``interrupted`` and re-raised. Each measured or failed
-trial is told to the budget and emitted as an event (Ctrl-C and a lost cluster stop the run
-instead, and the caller says so).
+run); a trial whose ranks Ctrl-C or SIGTERM killed (``interrupted`` set by the main thread,
+``search.Search._off_main``) is recorded ``interrupted``. Each measured or failed trial is
+told to the budget and emitted as an event (a lost cluster stops the run instead, and the
+caller says so).
 
-Called by Optuna from the thread running the trial; one ``Objective`` serves every thread of
-a run (its state is the study's, the budget's, behind their own locks, and ``interrupted``).
+Called by Optuna from the worker thread running the trial, never the main one; one
+``Objective`` serves every thread of a run (its state is the study's, the budget's, behind
+their own locks, and ``interrupted``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from autotune.errors import (
     ClusterLost,
     FailureReason,
     TrialFailed,
-    interrupted_by,
 )
 from autotune.events import Emit, Outcome, TrialFinished, TrialStarted
 from autotune.knobs import changed_knobs
@@ -126,11 +127,6 @@ class Objective:
                 keep_logs(trial, log_dir)  # what the defaults printed, to compare with
             elif log_dir is not None:  # a trial that ran: its output is not kept
                 shutil.rmtree(log_dir, ignore_errors=True)
-        except KeyboardInterrupt as e:
-            # Optuna records the trial FAIL and re-raises; the runner has killed its ranks.
-            by = interrupted_by(e)
-            record_failure(trial, TrialFailed(FailureReason.INTERRUPTED, f"{by} during the trial"))
-            raise
         except ClusterLost as e:
             record_failure(trial, TrialFailed(FailureReason.CLUSTER_LOST, str(e)))
             raise

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 from pathlib import Path
 
 from autotune.errors import ConfigError
@@ -67,4 +68,15 @@ def check_writable(path: Path, *, flag: str, directory: bool) -> None:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(
             f"{flag} {path}: cannot be created ({parent} is not writable); choose a writable place"
+        )
+
+
+def check_command(command: str, *, who: str, path: str | None = None) -> None:
+    """``command`` (a command's first word) is an executable file or found on ``path`` (this
+    process's ``PATH`` by default); else a ``ConfigError`` that ``who`` (``autotune launch``,
+    ``autotune run``) begins."""
+    search = path if path is not None else os.environ.get("PATH", os.defpath)
+    if shutil.which(command, path=search) is None:
+        raise ConfigError(
+            f"{who}: no such command {command!r} (not an executable file, nor on PATH)"
         )

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune import _yaml, apply
+from autotune import _yaml, apply, script_report
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.hardware import differences
@@ -64,8 +64,17 @@ class Profile:
     # -- reading and writing -------------------------------------------------------------
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Profile:
-        """Load and check a profile; every unknown or missing key is an error naming it."""
+    def load(cls, path: str | os.PathLike[str] | None = None) -> Profile:
+        """Load and check a profile; every unknown or missing key is an error naming it.
+        Without ``path``: the file ``AUTOTUNE_PROFILE`` names, which ``autotune launch`` sets
+        for the real job and ``autotune run ... -- CMD`` for each trial (script mode)."""
+        if path is None:
+            path = os.environ.get("AUTOTUNE_PROFILE")
+            if not path:
+                raise ConfigError(
+                    "Profile.load(): no path given and AUTOTUNE_PROFILE is not set; pass the "
+                    "profile's path, or start the script with autotune launch PROFILE -- CMD"
+                )
         p = Path(path)
         return cls.from_mapping(_yaml.read_mapping(p, what="profile"), where=f"profile {p}")
 
@@ -180,7 +189,14 @@ class Profile:
         hardware differs from where the profile was measured.
         """
         self.warn_if_hardware_differs()
-        return apply.wrap(model, self.ddp_kwargs, self.comm_hook, **ddp_kwargs)
+        wrapped = apply.wrap(model, self.ddp_kwargs, self.comm_hook, **ddp_kwargs)
+        script_report.install(wrapped)  # only in a trial of autotune run ... -- CMD
+        return wrapped
+
+    def report_loss(self, loss: Any) -> None:
+        """Optional: hand the step's loss to ``autotune run ... -- CMD`` (its NaN check and
+        numerics guard); nothing outside such a trial. ``float(loss)`` waits for the GPU."""
+        script_report.report_loss(loss)
 
     def autocast(self, device_type: str = "cuda") -> Any:
         """The tuned precision as a context for the forward pass and loss. TF32 is a process

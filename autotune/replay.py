@@ -158,6 +158,9 @@ class ReplayMeasurer:
     def use(self, runner: Any) -> None:
         pass
 
+    def abort(self) -> None:
+        pass
+
     def trial_timeout(self) -> float:
         return 300.0
 

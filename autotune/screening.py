@@ -13,12 +13,18 @@ therefore starts (after the baseline) with:
 3. **the combination** - once those trials have ended, one trial that moves every knob whose
    screening trial beat the defaults by more than ``HELPS`` (the better value where two
    priors move the same knob), when at least two helped;
-4. then the sampler (TPE by default) over the whole space; every screening result is in the
+4. **the fold-over** - the combination with each of its knobs left out in turn (user
+   attribute ``fold``: the label left out), one trial each, when it combines three or more
+   (with two, leaving one out is a screening trial already measured). On the recorded default
+   landscape the best points are the combination's neighbours, not its single knobs: with
+   the fold-over, TPE's median share of the oracle over 100 replayed seeds of 15 trials went
+   from 0.896 to 0.912 and its 10th percentile from 0.825 to 0.861 (``bench/replay.py``);
+5. then the sampler (TPE by default) over the whole space; every screening result is in the
    study, so the model starts from them (TPE's start-up count is met by then).
 
 The trials are queued with Optuna's ``enqueue_trial``, one at a time (``Screening.step``),
-each marked with user attribute ``screen`` (the prior's label), ``anchor`` or
-``combination``; their results are summarised on the study (user attribute ``screening``)
+each marked with user attribute ``screen`` (the prior's label), ``anchor``, ``combination``
+or ``fold``; their results are summarised on the study (user attribute ``screening``)
 when the combination is queued. A resumed study goes on where the screening stopped and is
 summarised once.
 """
@@ -53,7 +59,8 @@ def _always(t: Target) -> bool:
 
 def _ours(t: optuna.trial.FrozenTrial) -> bool:
     """A trial the screening queued."""
-    return "screen" in t.user_attrs or t.user_attrs.get("anchor") == AGAIN
+    a = t.user_attrs
+    return "screen" in a or "combination" in a or "fold" in a or a.get("anchor") == AGAIN
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,6 +147,24 @@ def applicable(space: ResolvedSpace) -> list[tuple[Prior, dict[str, Any]]]:
     return out
 
 
+def _combine(summary: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The screened priors that helped and still move the combination, and its moves. Two
+    values of one knob (bf16 and tf32) combine into the better one alone."""
+    helped = [
+        s
+        for s in summary.values()  # a resumed study's record may be someone else's: checked
+        if isinstance(s, dict)
+        and s.get("helps") is True
+        and isinstance(s.get("speedup"), (int, float))
+        and isinstance(s.get("moves"), dict)
+    ]
+    moves: dict[str, Any] = {}
+    for s in sorted(helped, key=lambda s: s["speedup"]):  # the better value last
+        moves.update(s["moves"])
+    kept = [s for s in helped if all(moves[k] == v for k, v in s["moves"].items())]
+    return kept, moves
+
+
 def moved(space: ResolvedSpace, moves: dict[str, Any]) -> dict[str, Any] | None:
     """The baseline's params with ``moves`` applied (children switched on by a move at their
     defaults unless moved too); None when the space cannot express it."""
@@ -172,11 +197,13 @@ class Screening:
         screened; then the defaults again; then, once those ended, record the effects on the
         study (user attribute ``screening``), queue the combination and return what to say."""
         with self._lock:
-            if "screening" in self.study.user_attrs:
-                return None  # done (in this run or an earlier one)
             trials = self.study.get_trials(deepcopy=False)
             ours = [t for t in trials if _ours(t)]
             if any(t.state == TrialState.WAITING for t in ours):
+                return None
+            summary = self.study.user_attrs.get("screening")
+            if isinstance(summary, dict):  # screened (in this run or an earlier one)
+                self._fold_over(trials, summary)
                 return None
             done = {t.user_attrs["screen"] for t in ours if "screen" in t.user_attrs}
             plan = applicable(self.space)
@@ -194,19 +221,32 @@ class Screening:
                 return None  # a concurrent trial of ours is still running
             summary = self._summary(screened)
             self.study.set_user_attr("screening", summary)
-            helped = [s for s in summary.values() if s["helps"]]
-            labels: list[str] = []
-            moves: dict[str, Any] = {}
-            for s in sorted(helped, key=lambda s: s["speedup"]):  # the better value last
-                moves.update(s["moves"])
-            # Two values of one knob (bf16 and tf32) combine into the better one alone: a
-            # combination is worth a trial only when two priors still move it.
-            kept = [s for s in helped if all(moves[k] == v for k, v in s["moves"].items())]
+            kept, moves = _combine(summary)
             params = moved(self.space, moves) if len(kept) >= 2 else None
+            labels: list[str] = []
             if params is not None:  # else nothing to combine: the sampler takes over
                 labels = [s["label"] for s in kept]
                 self.study.enqueue_trial(params, user_attrs={"combination": labels})
             return ScreeningDone(effects=list(summary.values()), combined=labels)
+
+    def _fold_over(self, trials: list[optuna.trial.FrozenTrial], summary: dict[str, Any]) -> None:
+        """Queue the next fold-over trial, if any: the combination with one of its knobs left
+        out, unless a trial of the study already ran those params."""
+        if not any("combination" in t.user_attrs for t in trials):
+            return
+        kept, moves = _combine(summary)
+        if len(kept) < 3:
+            return
+        done = {t.user_attrs["fold"] for t in trials if "fold" in t.user_attrs}
+        seen = [t.params for t in trials]
+        for s in kept:
+            if s["label"] in done:
+                continue
+            rest = {k: v for k, v in moves.items() if k not in s["moves"]}
+            params = moved(self.space, rest) if set(rest) <= set(self.space.defaults()) else None
+            if params is not None and params not in seen:
+                self.study.enqueue_trial(params, user_attrs={"fold": s["label"]})
+                return
 
     def _summary(self, screened: list[optuna.trial.FrozenTrial]) -> dict[str, dict[str, Any]]:
         """Each screened prior: its trial, state, speedup over the baseline and whether it

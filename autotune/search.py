@@ -1,16 +1,16 @@
-"""The search driver: the baseline first, then Optuna's ``study.optimize`` until the budget says
-stop.
+"""The search driver: the baseline first, then trials until the budget says stop.
 
-With one placement group the search is one ``study.optimize`` call. With several, one thread
-per placement group calls ``study.optimize(n_trials=1)`` in turn; Optuna's storage hands each
-thread its trial, and TPE's constant liar sees the trials in flight. Either way every trial
-keeps Optuna's own life cycle (states, ``catch``, callbacks), and the objective
-(``objective.Objective``) maps its ends to states.
+Every trial runs on a worker thread, one per placement group, each calling
+``study.optimize(n_trials=1)`` in turn; Optuna's storage hands each thread its trial, and
+TPE's constant liar sees the trials in flight. Every trial keeps Optuna's own life cycle
+(states, ``catch``, callbacks), and the objective (``objective.Objective``) maps its ends to
+states.
 
-``Search.run`` is called from the main thread. Ctrl-C (or SIGTERM, ``errors.Terminated``)
-there kills every running trial's ranks (``TrialRunner.abort``), marks the objective
-``interrupted`` so those trials are recorded so, and re-raises to the caller, which exports
-the best profile so far.
+The main thread only waits (``_off_main``). Ctrl-C (or SIGTERM, ``errors.Terminated``) lands
+there, never inside Optuna's ask or tell (an interrupt there left a trial RUNNING): it marks
+the objective ``interrupted``, kills every running trial's ranks (``Measurer.abort``), so each
+trial fails and is recorded ``interrupted`` by its own thread, waits for the threads, and
+re-raises to the caller, which exports the best profile so far.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ __all__ = ["ANCHOR_EVERY", "BASELINE_POLL_S", "Search"]
 BASELINE_POLL_S = 2.0
 #: Trials between two runs of the defaults (``Search._reanchor``).
 ANCHOR_EVERY = 10
+#: How long Ctrl-C waits for the aborted trials to be recorded.
+ABORT_WAIT_S = 30.0
 
 
 class Search:
@@ -92,22 +94,13 @@ class Search:
         self.budget.start()
         self.tick()
         self.emit(BudgetStarted(budget_s=self.budget.total_s))
-        if not self._baseline_first():
+        ready: list[bool] = []
+        self._off_main([lambda: ready.append(self._baseline_first())])
+        if not ready or not ready[0]:
             return
         with self._lock:  # a resumed study: --patience counts from the best it already has
             self._best = max((throughput(t) for t in complete(self.study)), default=None)
-        if not self._room_for_another():  # the baseline was all --n-trials allows
-            return
-        if len(self.runners) == 1:
-            self._queue_next()
-            self.study.optimize(
-                self.objective,
-                timeout=max(self.budget.left_s(), 0.0),
-                catch=(TrialFailed,),
-                callbacks=[self._between_trials],
-            )
-        else:
-            self._concurrently()
+        self._off_main([lambda r=r: self._trials_on(r) for r in self.runners])
 
     def _one_trial(self, serial: bool = False) -> None:
         """One trial through ``study.optimize``. ``serial``: take the trial (Optuna's ask,
@@ -145,7 +138,7 @@ class Search:
         ran out first."""
         said = False
         while baseline_trial(self.study) is None:
-            if self.budget.left_s() <= 0:
+            if self.budget.left_s() <= 0 or self._stop.is_set():
                 return False
             states = [t.state for t in baselines(self.study)]
             if TrialState.WAITING in states:
@@ -196,17 +189,8 @@ class Search:
         return self.budget.room_for_another(to_revalidate=qualify, ablate=ablate)
 
     def _between_trials(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        """Stop before a trial that the budget left cannot hold; raise ClusterLost before one
-        the cluster has no room for (so no trial is asked for in vain)."""
-        if threading.current_thread() is threading.main_thread():
-            self.tick()
+        """Optuna's callback after each trial: count it."""
         self._count(trial)
-        if not self._room_for_another():
-            study.stop()
-            return
-        self.measure.runner.ensure_placed()  # raises ClusterLost before anything is queued
-        if len(self.runners) == 1:  # study.optimize asks for the next trial right after this
-            self._queue_next()
 
     def _queue_next(self) -> None:
         """Queue the designed start's next trial, or a run of the defaults when one is due;
@@ -232,41 +216,53 @@ class Search:
             if sum(t.state.is_finished() for t in since) >= ANCHOR_EVERY:
                 enqueue_anchor(self.study, self.space, f"every {ANCHOR_EVERY} trials")
 
-    def _concurrently(self) -> None:
-        """One thread per runner, each running one trial after another until the budget or a
-        stop. Ctrl-C kills every running trial's ranks and records them ``interrupted``."""
-        errors: list[BaseException] = []
+    def _trials_on(self, runner: TrialRunner) -> None:
+        """One worker thread: trials on ``runner``, one after another, until the budget, a
+        limit or a stop. A cluster with no room left raises ``ClusterLost`` before a trial is
+        asked for in vain."""
+        self.measure.use(runner)
+        while not self._stop.is_set() and self._room_for_another():
+            runner.ensure_placed()
+            self._queue_next()  # right before this thread asks for its next trial
+            self._one_trial(serial=True)
 
-        def work(runner: TrialRunner) -> None:
-            self.measure.use(runner)
+    def _off_main(self, jobs: list[Callable[[], object]]) -> None:
+        """Run each of ``jobs`` on its own thread while the main thread waits and ticks. The
+        first error of any job (``ClusterLost``, ``BaselineFailed``, a bug) stops them all and
+        is raised here; Ctrl-C stops them as the module doc says. The wait is on events, not
+        ``Thread.join``: a join that Ctrl-C interrupts can mark a running thread stopped
+        (CPython 3.11, ``Thread._wait_for_tstate_lock``)."""
+        errors: list[BaseException] = []
+        done = [threading.Event() for _ in jobs]
+        started = 0
+
+        def work(job: Callable[[], object], finished: threading.Event) -> None:
             try:
-                while not self._stop.is_set() and self._room_for_another():
-                    runner.ensure_placed()
-                    self._queue_next()  # right before this thread asks for its next trial
-                    self._one_trial(serial=True)
-            except BaseException as e:  # ClusterLost, BaselineFailed, a bug: stop them all
+                job()
+            except BaseException as e:  # noqa: BLE001 - raised again from the main thread
                 errors.append(e)
                 self._stop.set()
+            finally:
+                finished.set()
 
-        threads = [
-            threading.Thread(target=work, args=(r,), name=f"trial-runner-{i}", daemon=True)
-            for i, r in enumerate(self.runners)
-        ]
-        for t in threads:
-            t.start()
-        try:
-            while any(t.is_alive() for t in threads):
+        try:  # Ctrl-C can land while a thread starts, and its trial may be running by then
+            for i, (job, finished) in enumerate(zip(jobs, done, strict=True)):
+                name = f"trial-runner-{i}"
+                thread = threading.Thread(target=work, args=(job, finished), name=name, daemon=True)
+                started += 1  # counted before start(): Ctrl-C can land inside it
+                thread.start()
+            while not all(e.is_set() for e in done):
                 self.tick()
-                for t in threads:
-                    t.join(timeout=0.5)
+                next(e for e in done if not e.is_set()).wait(timeout=0.5)
         except KeyboardInterrupt as e:
             self.objective.interrupted_by = interrupted_by(e)
             self.objective.interrupted.set()
             self._stop.set()
-            for r in self.runners:
-                r.abort()
-            for t in threads:
-                t.join(timeout=30)
+            self.measure.abort()
+            deadline = time.monotonic() + ABORT_WAIT_S
+            for i, finished in enumerate(done):
+                if i < started:  # a thread that never started cannot set its event
+                    finished.wait(timeout=max(deadline - time.monotonic(), 0.0))
             raise
         if errors:
             raise errors[0]

@@ -7,6 +7,7 @@ behind); ``open_storage`` then opens it with heartbeats, so trials of a driver t
 
 from __future__ import annotations
 
+import time
 import warnings
 from pathlib import Path
 
@@ -97,19 +98,37 @@ def check_url(url: str, *, must_exist: bool = False) -> None:
         raise ConfigError(f"--storage {shown}: cannot open it ({first}); {fix}") from None
 
 
+#: Attempts at opening a storage whose schema another driver is creating at the same moment.
+SCHEMA_RACE_TRIES = 4
+
+
 def open_storage(url: str) -> optuna.storages.RDBStorage:
     """The study storage at ``url``, with heartbeats; SQLite with a busy timeout."""
     kwargs = {}
     if url.startswith("sqlite"):
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(
-                url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, **kwargs
-            )
-    except Exception as e:
-        first = str(e).strip().splitlines()[0][:200].replace(url, display_url(url))
-        raise ConfigError(
-            f"--storage {display_url(url)}: cannot open it as an Optuna storage ({first})"
-        ) from None
+    for attempt in range(1, SCHEMA_RACE_TRIES + 1):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S, **kwargs
+                )
+        except Exception as e:
+            if attempt < SCHEMA_RACE_TRIES and schema_race(e):
+                time.sleep(0.5 * attempt)
+                continue
+            first = str(e).strip().splitlines()[0][:200].replace(url, display_url(url))
+            raise ConfigError(
+                f"--storage {display_url(url)}: cannot open it as an Optuna storage ({first})"
+            ) from None
+    raise AssertionError("unreachable")
+
+
+def schema_race(e: BaseException) -> bool:
+    """Whether ``e`` is another driver creating Optuna's tables in the same new database at
+    the same moment. PostgreSQL then refuses one of the two ``CREATE TABLE``s on its own
+    catalog ("duplicate key value violates unique constraint pg_type_typname_nsp_index", seen
+    in CI), or says a table already exists. Opened again, the tables are there to read."""
+    text = str(e)
+    return "pg_type_typname_nsp_index" in text or ("already exists" in text and "relation" in text)

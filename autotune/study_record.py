@@ -16,6 +16,7 @@ Readers may run in any thread; writers write through Optuna's storage, which ser
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import warnings
@@ -255,7 +256,7 @@ def measurement_attrs(
         # them (process group, model, DDP, DataLoader; process start when fresh)
         "warmup_s": round(result.warmup_s, 3),
         "init_s": round(result.init_s, 3),
-        "loss": ranks[0].loss,
+        "loss": ranks[0].loss if math.isfinite(ranks[0].loss) else None,  # None: not reported
         "nodes": [r.node_ip for r in ranks],  # where each rank ran, in rank order
     }
     if speedup is not None:

@@ -80,6 +80,13 @@ class StudyDefinition:
         help="keyword option of the trainer function, repeatable (e.g. width=1024); the "
         "study's own options are kept unless --trainer names another trainer",
     )
+    global_batch: int | None = setting(
+        None,
+        Whole(low=1),
+        unset="the trainer's",
+        help="samples per optimizer step over all ranks, kept for every trial; script mode "
+        "(autotune run ... -- CMD) needs it, a built-in trainer takes its own",
+    )
     world_size: int | None = setting(
         None, Whole(low=1), unset="one per GPU with nccl, 2 with gloo", help="DDP ranks per trial"
     )
@@ -208,6 +215,9 @@ class StudyDefinition:
         "CPUs; 1 on one machine",
         help="trials measured at once, each in its own placement group",
     )
+
+    command: tuple[str, ...] = field(default=(), compare=False)
+    """Script mode: the user's command (``autotune run ... -- CMD``); empty for a trainer."""
 
     def __post_init__(self) -> None:
         settings.check(self)

@@ -53,6 +53,7 @@ from autotune.limit import measure_limit
 from autotune.measure import Measurer
 from autotune.objective import Objective
 from autotune.paths import check_study_name, check_writable, file_stem
+from autotune.script_job import ScriptJob, script_job
 from autotune.search import Search
 from autotune.space import ResolvedSpace, SearchSpace
 from autotune.study_record import (
@@ -113,7 +114,16 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
     d = req.definition
     # 1. Everything checkable without side effects.
     space = SearchSpace.load(d.space)
-    workload = load_workload(d.trainer, d.trainer_options)
+    workload: Workload | ScriptJob
+    if d.command:  # script mode: the user's own command is the trial
+        d, workload = script_job(d)
+    elif d.global_batch is not None:
+        raise ConfigError(
+            "--global-batch is for script mode (autotune run ... -- CMD); a trainer takes its "
+            "own: --trainer-option global_batch=N"
+        )
+    else:
+        workload = load_workload(d.trainer, d.trainer_options)
     storage_url = req.storage_url or storage_mod.default_url(req.run_dir)
     check_writable(req.run_dir, flag="--run-dir", directory=True)
     if req.profile_path is not None:
@@ -139,7 +149,8 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
         # 3. The space this study searches.
         resolved = space.resolve(target)
         world, backend = target.world_size, target.backend
-        name = req.study_name or f"{d.name}-{d.trainer.replace(':', '.')}-{backend}-{world}r"
+        job = workload.name if isinstance(workload, ScriptJob) else d.trainer.replace(":", ".")
+        name = req.study_name or f"{d.name}-{job}-{backend}-{world}r"
         if req.storage_url is None:
             req.run_dir.mkdir(parents=True, exist_ok=True)
         # 4. The study.
@@ -190,15 +201,7 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
             if d.limit:
                 _limit(study, d, measure, req.run_dir / "logs" / file_stem(name) / "limit", emit)
         except KeyboardInterrupt as e:
-            summary.interrupted = True
-            by = interrupted_by(e)
-            summary.terminated = by == "SIGTERM"
-            emit(
-                Note(
-                    f"Interrupted ({by}): the running trial is recorded; exporting the best "
-                    f"profile so far (Ctrl-C again to exit at once)"
-                )
-            )
+            _interrupted(summary, e, emit)
         except ClusterLost as e:
             summary.stopped = str(e)
         except BaselineFailed:
@@ -206,7 +209,8 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
         except Exception as e:  # noqa: BLE001 - reported, and the profile still exported
             cause = _cause(e)
             summary.stopped = f"{type(cause).__name__}: {first_line(str(cause))}"
-            emit(Note(f"Stopped by an error: {summary.stopped}; exporting the best profile so far"))
+            emit(Note(f"Stopped by an error: {summary.stopped}; "
+                      "exporting the best profile so far"))  # fmt: skip
         # 8. The profile.
         _export(summary, study, profile_path, d.budget_s)
         return summary
@@ -268,6 +272,18 @@ def _limit(
                   free_batch=d.free_batch, emit=emit)  # fmt: skip
 
 
+def _interrupted(summary: RunSummary, e: KeyboardInterrupt, emit: Emit) -> None:
+    summary.interrupted = True
+    by = interrupted_by(e)
+    summary.terminated = by == "SIGTERM"
+    emit(
+        Note(
+            f"Interrupted ({by}): the running trial is recorded; exporting the best "
+            f"profile so far (Ctrl-C again to exit at once)"
+        )
+    )
+
+
 def _cause(e: BaseException) -> BaseException:
     """The error that stopped the loop. When the storage refuses a trial's end, Optuna's
     post-processing fails an ``assert`` in a ``finally`` block (optuna 5.0, ``_optimize.py``):
@@ -299,7 +315,7 @@ def _export(summary: RunSummary, study: optuna.Study, path: Path, budget_s: floa
 
 
 def _place(
-    d: StudyDefinition, workload: Workload
+    d: StudyDefinition, workload: Workload | ScriptJob
 ) -> tuple[Target, list[TrialRunner], dict[str, Any], RankPlan]:
     """Backend and world size from the cluster; the runners (placement groups); the hardware
     probed from the first; the target the space is resolved against."""

@@ -11,7 +11,6 @@ runs in few. Called from the main thread after the search, on the first placemen
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import optuna
@@ -117,8 +116,7 @@ def revalidate(
         return None
     keys = ["baseline", *picked]
     order = interleave(keys, rounds)
-    m = definition.measure
-    rerun = replace(m, max_windows=m.min_windows)
+    rerun = definition.measure.rerun()
     emit(ValidationStarted(candidates=list(picked), rounds=rounds, runs=len(order)))
     trials = {"baseline": base, **picked}
 

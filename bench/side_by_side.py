@@ -215,7 +215,7 @@ def side_by_side(
 
     # Short runs (min_windows windows each) in more rounds, as autotune's re-validation does:
     # the noise that matters is between runs, not between the windows of one run.
-    short = replace(d.measure, max_windows=d.measure.min_windows)
+    short = d.measure.rerun()
 
     def measure(i: int, cfg: TrialConfig) -> float:
         return runner.run(

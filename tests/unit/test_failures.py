@@ -129,3 +129,83 @@ def test_a_reason_is_stored_and_printed_as_its_tag():
     assert f"{f.reason}" == "timeout"
     with pytest.raises(ValueError):
         TrialFailed("exploded")  # no reason outside the enum
+
+
+def test_ctrl_c_lands_on_the_main_thread_and_the_running_trial_is_recorded_interrupted(
+    monkeypatch,
+):
+    """Trials run on worker threads, so Ctrl-C never lands inside Optuna's ask or tell (it
+    once left a trial RUNNING): the main thread aborts the measurement, and the trial's own
+    thread records it FAIL with the reason ``interrupted``. A replayed run on real Optuna
+    storage; the third trial blocks until it is aborted, as killed ranks would."""
+    import signal
+    import threading
+
+    import optuna
+    from optuna.trial import TrialState
+
+    from autotune import replay as rp
+    from tests.conftest import REPO
+
+    running = threading.Event()
+
+    class KilledRanks(rp.ReplayMeasurer):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.killed = threading.Event()
+
+        def abort(self) -> None:
+            self.killed.set()
+
+        def __call__(self, number, config, *a, **k):
+            if number < 2:
+                return super().__call__(number, config, *a, **k)
+            running.set()
+            assert self.killed.wait(30), "Ctrl-C did not abort the measurement"
+            raise TrialFailed("crash", "rank 0 exited with status -9")
+
+    def ctrl_c() -> None:
+        if running.wait(30):
+            # Python's handler raises KeyboardInterrupt in the main thread
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    monkeypatch.setattr(rp, "ReplayMeasurer", KilledRanks)
+    storage = optuna.storages.InMemoryStorage()
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    land = rp.Landscape.load(REPO / "bench" / "landscapes" / "default-loopback.json")
+    with pytest.raises(KeyboardInterrupt):
+        rp.replay(land, seed=0, storage=storage)
+    trials = optuna.load_study(study_name="replay", storage=storage).trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2 + [TrialState.FAIL]
+    assert trials[2].user_attrs["reason"] == "interrupted"
+    assert trials[2].user_attrs["reason_detail"] == "Ctrl-C during the trial"
+
+
+def test_ctrl_c_while_a_trial_is_told_leaves_no_trial_running():
+    """The interrupt of the CI failure: Ctrl-C while Optuna tells the storage a trial's end.
+    Raised in the storage's write of trial 2's state, it lands on the waiting main thread; the
+    worker finishes the write, so trial 2 keeps its measurement and nothing is left RUNNING
+    (with the trial on the main thread, the write was cut and the trial stayed RUNNING)."""
+    import signal
+    import threading
+    import time
+
+    import optuna
+    from optuna.trial import TrialState
+
+    from autotune.replay import Landscape, replay
+    from tests.conftest import REPO
+
+    class InterruptedWrite(optuna.storages.InMemoryStorage):
+        def set_trial_state_values(self, trial_id, state, values=None):
+            if self.get_trial_number_from_id(trial_id) == 2 and state.is_finished():
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+                time.sleep(0.2)  # the main thread takes the signal meanwhile
+            return super().set_trial_state_values(trial_id, state, values)
+
+    storage = InterruptedWrite()
+    land = Landscape.load(REPO / "bench" / "landscapes" / "default-loopback.json")
+    with pytest.raises(KeyboardInterrupt):
+        replay(land, seed=0, storage=storage)
+    trials = optuna.load_study(study_name="replay", storage=storage).trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 3

@@ -75,3 +75,37 @@ def test_a_driver_elsewhere_is_left_to_the_heartbeat():
     assert driver_alive(f"{host}:00000000-0000-0000-0000-000000000000:{pid}:{start}") is None
     assert driver_alive(f"another-host:{boot}:{pid}:{start}") is None
     assert driver_alive(f"{host}:{os.getpid()}") is None  # an older autotune's host:pid
+
+
+CAPTURED_RACE = (
+    "(psycopg.errors.UniqueViolation) duplicate key value violates unique constraint "
+    '"pg_type_typname_nsp_index"\nDETAIL:  Key (typname, typnamespace)=(studies, 2200) '
+    "already exists."
+)
+
+
+def test_a_second_driver_creating_the_same_tables_opens_the_storage_again(monkeypatch, tmp_path):
+    import optuna
+
+    from autotune import storage
+
+    assert storage.schema_race(RuntimeError(CAPTURED_RACE))
+    assert storage.schema_race(RuntimeError('relation "studies" already exists'))
+    assert not storage.schema_race(RuntimeError("password authentication failed"))
+    real, calls = optuna.storages.RDBStorage, []
+
+    def racing(url, **kwargs):  # the first open loses the race, as in CI
+        calls.append(url)
+        if len(calls) == 1:
+            raise RuntimeError(CAPTURED_RACE)
+        return real(url, **kwargs)
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
+    monkeypatch.setattr(storage.time, "sleep", lambda s: None)
+    url = f"sqlite:///{tmp_path / 'race.db'}"
+    assert isinstance(storage.open_storage(url), real) and len(calls) == 2
+    # any other error is one line, at once
+    calls.clear()
+    monkeypatch.setattr(optuna.storages, "RDBStorage", lambda url, **kw: 1 / 0)
+    with pytest.raises(ConfigError, match="cannot open it as an Optuna storage"):
+        storage.open_storage(url)

@@ -15,10 +15,12 @@ LANDSCAPE = REPO / "bench" / "landscapes" / "default-loopback.json"
 SEEDS = 100
 TRIALS = 15
 #: Just under what ``python bench/replay.py --seeds 100`` measured when this strategy shipped
-#: (README, *Benchmark*: wins 51 %, ties 12 %, losses 36 %, median share 0.896): the test
-#: fails when a change loses ground. The issue's goals (80 % wins, 0.98) are not reached.
-WIN_SHARE = 0.48
-MEDIAN_SHARE = 0.89
+#: (docs/benchmark.md: wins 53 %, ties 9 %, losses 38 %, median share 0.912, 10th percentile
+#: 0.861): the test fails when a change loses ground. The issue's goals (80 % wins, 0.98) are
+#: not reached; measuring every point of the landscape once (``grid``) reaches 66 % and 0.943.
+WIN_SHARE = 0.50
+MEDIAN_SHARE = 0.90
+P10_SHARE = 0.85
 
 
 @pytest.fixture(scope="module")
@@ -44,5 +46,6 @@ def test_the_tuner_beats_random_search_on_the_recorded_landscape(table):
     assert tuner["seeds"] == SEEDS and tuner["median_trials"] == TRIALS
     assert tuner["win_share"] >= WIN_SHARE, tuner
     assert tuner["median_share"] >= MEDIAN_SHARE, tuner
+    assert tuner["p10_share"] >= P10_SHARE, tuner
     assert tuner["median_share"] >= table["random"]["median_share"], table
     assert tuner["wins"] > tuner["losses"], tuner

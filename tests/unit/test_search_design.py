@@ -239,3 +239,62 @@ def test_ablation_keeps_only_the_knobs_that_carry_the_gain():
             else:
                 assert knob in ("gradient_as_bucket_view", "bucket_cap_mb"), (seed, knob)
     assert ablated, "some winner carried a passenger"
+
+
+THREE_HELP = {("static_graph", True): 1.10, ("num_workers", 2): 1.15,
+              ("gradient_as_bucket_view", True): 1.06, ("comm_hook", "fp16"): 0.8}  # fmt: skip
+
+
+def test_the_fold_over_leaves_each_combined_knob_out_once_after_the_combination():
+    r = replay(landscape(THREE_HELP), seed=0, n_trials=15, validate_top=0)
+    trials = r.study.trials
+    combo = next(t for t in trials if "combination" in t.user_attrs)
+    folds = [t for t in trials if "fold" in t.user_attrs]
+    assert [t.number for t in folds] == [combo.number + 1, combo.number + 2, combo.number + 3]
+    assert (
+        sorted(t.user_attrs["fold"] for t in folds)
+        == sorted(combo.user_attrs["combination"])
+        == ["gradient_as_bucket_view=True", "num_workers", "static_graph=True"]
+    )
+    for t in folds:
+        left_out = {k for k, v in combo.params.items() if t.params[k] != v}
+        assert len(left_out) == 1, (t.user_attrs["fold"], left_out)
+        (knob,) = left_out
+        assert t.params[knob] == BASE[knob] and t.user_attrs["fold"].startswith(knob)
+
+
+def test_no_fold_over_of_a_combination_of_two():
+    # leaving one of two out is a screening trial, already measured
+    r = replay(landscape(TWO_HELP), seed=0, n_trials=15, validate_top=0)
+    assert not [t for t in r.study.trials if "fold" in t.user_attrs]
+
+
+def test_knobs_that_each_prove_nothing_alone_but_carry_the_gain_together_are_kept():
+    """gradient_as_bucket_view and static_graph do the same work here: either gives 1.15x,
+    both together no more. Dropping either alone from the winner costs nothing, dropping both
+    costs 13 %: the ablation measures the reduced configuration before exporting it."""
+    from autotune.export import study_profile
+
+    names = sorted(GRID)
+    runs = {}
+    for combo in itertools.product(*(GRID[n] for n in names)):
+        p = dict(zip(names, combo, strict=True))
+        v = 500.0 * (1.15 if p["gradient_as_bucket_view"] or p["static_graph"] else 1.0)
+        v *= 1.15 if p["num_workers"] == 2 else 1.0
+        v *= 0.8 if p["comm_hook"] == "fp16" else 1.0
+        ws = [v * 1.01, v * 0.99, v, v * 1.005]
+        runs[point_key(p)] = [Run(ws, 2.0, 4.0), Run(ws[::-1], 2.0, 4.0)]
+    land = Landscape(GRID, runs, point_key(BASE))
+    joints = 0
+    for seed in range(6):
+        r = replay(land, seed=seed, n_trials=15, budget_s=900)
+        assert r.share == 1.0, (seed, r.exported)  # never workers alone (0.87)
+        record = r.study.user_attrs.get("ablation")
+        if record and record.get("joint"):
+            joints += 1
+            joint = record["joint"]
+            assert joint["kept_back"] and joint["speedup"][0] > 1.0, joint
+            assert not record["dropped"]
+            kept = study_profile(r.study).measured["ablation"]["knobs"]
+            assert all(c["kept"] for c in kept.values()), kept
+    assert joints, "some winner carried both redundant switches"

@@ -20,7 +20,7 @@ from autotune.studydef import StudyDefinition
 #: Settings that only a study definition file holds (no flag).
 FILE_ONLY = {"description", "measure"}
 #: StudyDefinition's fields that are no setting: its name (the file's stem) and where it was read.
-NOT_SETTINGS = {"name", "origin"}
+NOT_SETTINGS = {"name", "origin", "command"}  # command: only after -- on the command line
 
 
 def run_help(capsys) -> str:

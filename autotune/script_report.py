@@ -1,0 +1,56 @@
+"""Script mode, script side: what ``Profile.wrap`` adds when a trial of ``autotune run ... --
+CMD`` runs the user's script (``autotune.script_trial`` is the driver's side).
+
+When ``AUTOTUNE_REPORT_DIR`` is set, ``install`` registers a forward pre-hook on the wrapped
+model: each forward pass appends a line ``t <time.perf_counter()>`` to
+``$AUTOTUNE_REPORT_DIR/rank-<RANK>.steps``; ``report_loss`` appends ``l <loss>``. A line is
+written whole and flushed at once, so the driver reads complete lines while the script runs.
+Without the variable (the real job, under ``autotune launch``) nothing is installed and
+``report_loss`` does nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, TextIO
+
+__all__ = ["install", "report_loss"]
+
+_OUT: dict[str, TextIO] = {}
+
+
+def _file() -> TextIO | None:
+    where = os.environ.get("AUTOTUNE_REPORT_DIR")
+    if not where:
+        return None
+    if where not in _OUT:
+        rank = os.environ.get("RANK")
+        if rank is None:
+            import torch.distributed as dist
+
+            rank = str(dist.get_rank()) if dist.is_initialized() else "0"
+        _OUT[where] = open(  # noqa: SIM115 - open for the life of the process
+            os.path.join(where, f"rank-{int(rank)}.steps"), "a", buffering=1
+        )
+    return _OUT[where]
+
+
+def install(model: Any) -> bool:
+    """Time each forward pass of ``model`` for the driver; True when installed."""
+    out = _file()
+    if out is None:
+        return False
+
+    def stamp(module: Any, args: Any) -> None:  # on the script's hot path: one write
+        out.write(f"t {time.perf_counter()!r}\n")
+
+    model.register_forward_pre_hook(stamp)
+    return True
+
+
+def report_loss(loss: Any) -> None:
+    """Hand a step's loss to the driver (for the NaN check and the numerics guard)."""
+    out = _file()
+    if out is not None:
+        out.write(f"l {float(loss)!r}\n")

@@ -1,0 +1,206 @@
+"""Script mode (``autotune run ... -- CMD``) with real processes: the README's example script
+tuned through the installed console script and then trained with its profile under
+``autotune launch``, exactly as the README spells both commands (a shorter budget and the
+quick study's windows added); and ``run_script``'s failures: a script that never wraps its
+model, one that crashes, and a driver killed with -9, after which no process of the script
+may remain."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from autotune.config import MeasureSettings, TrialConfig
+from autotune.errors import FailureReason, TrialFailed
+from autotune.knobs import Target
+from autotune.script_trial import run_script
+from autotune.space import SearchSpace
+from tests.conftest import REPO, started_run
+from tests.integration.conftest import autotune
+from tests.integration.test_launch_signals import alive
+
+pytestmark = pytest.mark.integration
+
+BIN = str(Path(sys.executable).parent)  # the activated virtualenv's: torchrun is there
+TARGET = Target(backend="gloo", device="cpu", world_size=2, global_batch=128, cpus_per_rank=1)
+
+
+def example() -> tuple[str, list[list[str]]]:
+    section = (REPO / "README.md").read_text().split("## Tune the script you already have", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    bash = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    return code, [line.split() for line in bash.strip().splitlines()]
+
+
+def test_the_readme_script_is_tuned_and_then_trains_with_its_profile(run_env, tmp_path):
+    code, (run_cmd, launch_cmd) = example()
+    (tmp_path / "train.py").write_text(code)
+    env = {**run_env, "PATH": BIN + os.pathsep + run_env.get("PATH", "")}
+    assert run_cmd[:2] == ["autotune", "run"] and "--" in run_cmd
+    args = run_cmd[2:]
+    args[args.index("--budget") + 1] = "40s"  # the README says 10m
+    p = autotune(env, "run", "--study", "quick", *args, cwd=tmp_path, timeout=300)
+    name = "quick-script-train-gloo-2r"
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path}/home/autotune.db")
+    measured = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert study.trials[0].state == TrialState.COMPLETE and len(measured) >= 2, p.stdout
+    base = study.trials[0].user_attrs
+    assert base["throughput"] > 0 and len(base["windows"]) >= 2 and base["loss"] > 0
+    assert all(t.user_attrs["config"]["global_batch"] == 128 for t in measured)
+    profile = tmp_path / "home" / "profiles" / f"{name}.yaml"
+    assert yaml.safe_load(profile.read_text())["batch"]["global_batch"] == 128
+    # no process of the script outlives the run
+    assert not running_in(tmp_path)
+    # the same script, unchanged, trains with the exported profile
+    assert launch_cmd[:2] == ["autotune", "launch"]
+    # the README's profile is the default study's; this run's is the quick study's
+    readme_profile = "-script-train-gloo-2r.yaml"
+    largs = [str(profile) if a.endswith(readme_profile) else a for a in launch_cmd[2:]]
+    largs[largs.index("--steps") + 1] = "20"
+    q = autotune(env, "launch", *largs, cwd=tmp_path, timeout=300)
+    assert "trained 20 steps" in q.stdout, q.stdout + q.stderr
+
+
+def test_ctrl_c_during_a_script_trial_ends_its_processes_and_exports(run_env, tmp_path):
+    code, _ = example()
+    (tmp_path / "train.py").write_text(code)
+    env = {**run_env, "PATH": BIN + os.pathsep + run_env.get("PATH", "")}
+    p = started_run(env, "--study", "quick", "--budget", "5m", "--global-batch", "128", "--",
+                    "torchrun", "--nproc-per-node", "2", "train.py", cwd=tmp_path)  # fmt: skip
+    time.sleep(3)  # the first trial after the baseline is running
+    p.send_signal(signal.SIGINT)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 130, out
+    assert "Interrupted (Ctrl-C)" in out and "Profile" in out
+    assert not running_in(tmp_path)
+
+
+def config() -> TrialConfig:
+    return TrialConfig.from_values(SearchSpace.load("default").resolve(TARGET).defaults(), TARGET)
+
+
+def test_a_script_that_never_wraps_its_model_fails_with_the_fix(tmp_path):
+    script = tmp_path / "nowrap.py"
+    script.write_text("import time\nprint('training without wrap', flush=True)\ntime.sleep(600)\n")
+    started = time.monotonic()
+    with pytest.raises(TrialFailed) as e:
+        run_script([sys.executable, str(script)], config(), world_size=2, measure=MeasureSettings(),
+                   timeout_s=120, wrap_wait_s=4, log_dir=tmp_path)  # fmt: skip
+    assert time.monotonic() - started < 30
+    assert "Profile.load().wrap(model)" in e.value.detail
+    assert (tmp_path / "script.log").read_text().startswith("training without wrap")
+
+
+def test_a_crashing_script_fails_with_its_status_and_last_line(tmp_path):
+    script = tmp_path / "crash.py"
+    script.write_text("raise SystemExit('out of data: shard 3 is empty')\n")
+    with pytest.raises(TrialFailed) as e:
+        run_script([sys.executable, str(script)], config(), world_size=2, measure=MeasureSettings(),
+                   timeout_s=60)  # fmt: skip
+    assert e.value.reason == FailureReason.CRASH
+    assert "status 1" in e.value.detail and "shard 3 is empty" in e.value.detail
+
+
+def test_a_worker_in_a_session_of_its_own_is_ended_with_its_trial(tmp_path):
+    # torchrun starts each worker with start_new_session=True: the command's process group
+    # does not hold them, and killing torchrun orphans them (seen in CI before the guard
+    # became a subreaper)
+    marker = tmp_path / "worker-pid"
+    script = tmp_path / "own_session.py"
+    script.write_text(
+        "import subprocess, sys, time\n"
+        "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],\n"
+        "                     start_new_session=True)\n"
+        f"open({str(marker)!r}, 'w').write(str(w.pid))\n"
+        "time.sleep(600)\n"
+    )
+    with pytest.raises(TrialFailed):
+        run_script([sys.executable, str(script)], config(), world_size=2, measure=MeasureSettings(),
+                   timeout_s=60, wrap_wait_s=3)  # fmt: skip
+    assert not alive(int(marker.read_text()))
+
+
+def test_no_process_of_the_script_outlives_a_driver_killed_with_minus_9(tmp_path):
+    marker = tmp_path / "child-pids"
+    script = tmp_path / "forks.py"
+    script.write_text(
+        "import os, subprocess, sys, time\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],\n"
+        "                     start_new_session=True)\n"
+        f"open({str(marker)!r}, 'w').write(f'{{os.getpid()}} {{c.pid}}')\n"
+        "time.sleep(600)\n"
+    )
+    driver = subprocess.Popen([sys.executable, "-c", (
+        "import sys\n"
+        "from tests.integration.test_script_mode import config\n"
+        "from autotune.config import MeasureSettings\n"
+        "from autotune.script_trial import run_script\n"
+        f"run_script([sys.executable, {str(script)!r}], config(), world_size=2, "
+        "measure=MeasureSettings(), timeout_s=600, wrap_wait_s=600)\n")], cwd=REPO)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not marker.exists() or len(marker.read_text().split()) < 2:
+        assert time.monotonic() < deadline and driver.poll() is None
+        time.sleep(0.2)
+    pids = [int(x) for x in marker.read_text().split()]
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    deadline = time.monotonic() + 15
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in pids if alive(p)]
+
+
+def test_no_process_of_the_script_outlives_a_guard_front_killed_with_minus_9(tmp_path):
+    """What Ray does when the task's worker dies (Ctrl-C's force cancel, a driver killed with
+    -9): it SIGKILLs the worker's direct children, i.e. the guard's front. The keeper, its
+    child, then ends the command's processes on its own."""
+    marker = tmp_path / "pids"
+    script = tmp_path / "forks.py"
+    script.write_text(
+        "import os, subprocess, sys, time\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],\n"
+        "                     start_new_session=True)\n"
+        f"open({str(marker)!r}, 'w').write(f'{{os.getpid()}} {{c.pid}}')\n"
+        "time.sleep(600)\n"
+    )
+    front = subprocess.Popen([sys.executable, "-m", "autotune.script_guard", str(os.getpid()),
+                              "--", sys.executable, str(script)], cwd=REPO,
+                             start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not marker.exists() or len(marker.read_text().split()) < 2:
+        assert time.monotonic() < deadline and front.poll() is None
+        time.sleep(0.2)
+    pids = [int(x) for x in marker.read_text().split()]
+    front.send_signal(signal.SIGKILL)
+    front.wait()
+    deadline = time.monotonic() + 15
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in pids if alive(p)]
+
+
+def running_in(where: Path) -> list[str]:
+    """The command lines of the script's live processes (train.py, torchrun's workers, the
+    guard) whose working directory is ``where``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if Path(os.readlink(proc / "cwd")) == where and alive(int(proc.name)):
+                line = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                if "train.py" in line or "script_guard" in line:
+                    found.append(line)
+        except OSError:
+            continue
+    return found
