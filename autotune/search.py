@@ -166,8 +166,13 @@ class Search:
 
     def _limit_reached(self) -> bool:
         d = self.objective.d
+        sampler = self.study.sampler
         with self._lock:
-            if d.n_trials is not None and self._finished >= d.n_trials:
+            if isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(
+                self.study
+            ):  # what its study.stop() ended with one study.optimize call
+                self.stop_reason = "every point of the grid is measured"
+            elif d.n_trials is not None and self._finished >= d.n_trials:
                 self.stop_reason = f"--n-trials {d.n_trials}: {self._finished} trials run"
             elif d.patience is not None and self._stale >= d.patience:
                 self.stop_reason = (

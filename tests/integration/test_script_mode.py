@@ -130,40 +130,9 @@ def test_a_worker_in_a_session_of_its_own_is_ended_with_its_trial(tmp_path):
     assert not alive(int(marker.read_text()))
 
 
-def test_no_process_of_the_script_outlives_a_driver_killed_with_minus_9(tmp_path):
-    marker = tmp_path / "child-pids"
-    script = tmp_path / "forks.py"
-    script.write_text(
-        "import os, subprocess, sys, time\n"
-        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],\n"
-        "                     start_new_session=True)\n"
-        f"open({str(marker)!r}, 'w').write(f'{{os.getpid()}} {{c.pid}}')\n"
-        "time.sleep(600)\n"
-    )
-    driver = subprocess.Popen([sys.executable, "-c", (
-        "import sys\n"
-        "from tests.integration.test_script_mode import config\n"
-        "from autotune.config import MeasureSettings\n"
-        "from autotune.script_trial import run_script\n"
-        f"run_script([sys.executable, {str(script)!r}], config(), world_size=2, "
-        "measure=MeasureSettings(), timeout_s=600, wrap_wait_s=600)\n")], cwd=REPO)  # fmt: skip
-    deadline = time.monotonic() + 60
-    while not marker.exists() or len(marker.read_text().split()) < 2:
-        assert time.monotonic() < deadline and driver.poll() is None
-        time.sleep(0.2)
-    pids = [int(x) for x in marker.read_text().split()]
-    driver.send_signal(signal.SIGKILL)
-    driver.wait()
-    deadline = time.monotonic() + 15
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not [p for p in pids if alive(p)]
-
-
-def test_no_process_of_the_script_outlives_a_guard_front_killed_with_minus_9(tmp_path):
-    """What Ray does when the task's worker dies (Ctrl-C's force cancel, a driver killed with
-    -9): it SIGKILLs the worker's direct children, i.e. the guard's front. The keeper, its
-    child, then ends the command's processes on its own."""
+def _forking_script(tmp_path: Path) -> tuple[Path, Path]:
+    """A script that starts a child in a session of its own, as torchrun does, and writes
+    both pids to a marker file; then sleeps."""
     marker = tmp_path / "pids"
     script = tmp_path / "forks.py"
     script.write_text(
@@ -173,20 +142,45 @@ def test_no_process_of_the_script_outlives_a_guard_front_killed_with_minus_9(tmp
         f"open({str(marker)!r}, 'w').write(f'{{os.getpid()}} {{c.pid}}')\n"
         "time.sleep(600)\n"
     )
-    front = subprocess.Popen([sys.executable, "-m", "autotune.script_guard", str(os.getpid()),
-                              "--", sys.executable, str(script)], cwd=REPO,
-                             start_new_session=True)  # fmt: skip
+    return script, marker
+
+
+def _kill_and_expect_none_left(victim: subprocess.Popen, marker: Path) -> None:
+    """Once the script's two processes run, SIGKILL ``victim``; neither may outlive it."""
     deadline = time.monotonic() + 60
     while not marker.exists() or len(marker.read_text().split()) < 2:
-        assert time.monotonic() < deadline and front.poll() is None
+        assert time.monotonic() < deadline and victim.poll() is None
         time.sleep(0.2)
     pids = [int(x) for x in marker.read_text().split()]
-    front.send_signal(signal.SIGKILL)
-    front.wait()
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
     deadline = time.monotonic() + 15
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [p for p in pids if alive(p)]
+
+
+def test_no_process_of_the_script_outlives_a_driver_killed_with_minus_9(tmp_path):
+    script, marker = _forking_script(tmp_path)
+    driver = subprocess.Popen([sys.executable, "-c", (
+        "import sys\n"
+        "from tests.integration.test_script_mode import config\n"
+        "from autotune.config import MeasureSettings\n"
+        "from autotune.script_trial import run_script\n"
+        f"run_script([sys.executable, {str(script)!r}], config(), world_size=2, "
+        "measure=MeasureSettings(), timeout_s=600, wrap_wait_s=600)\n")], cwd=REPO)  # fmt: skip
+    _kill_and_expect_none_left(driver, marker)
+
+
+def test_no_process_of_the_script_outlives_a_guard_front_killed_with_minus_9(tmp_path):
+    """What Ray does when the task's worker dies (Ctrl-C's force cancel, a driver killed with
+    -9): it SIGKILLs the worker's direct children, i.e. the guard's front. The keeper, its
+    child, then ends the command's processes on its own."""
+    script, marker = _forking_script(tmp_path)
+    front = subprocess.Popen([sys.executable, "-m", "autotune.script_guard", str(os.getpid()),
+                              "--", sys.executable, str(script)], cwd=REPO,
+                             start_new_session=True)  # fmt: skip
+    _kill_and_expect_none_left(front, marker)
 
 
 def running_in(where: Path) -> list[str]:

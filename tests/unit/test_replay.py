@@ -6,9 +6,12 @@ table). A test over recorded data, not a timing: every replay is deterministic."
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from autotune.replay import Landscape, replay, summarise
+from autotune.search import ANCHOR_EVERY
 from tests.conftest import REPO
 
 LANDSCAPE = REPO / "bench" / "landscapes" / "default-loopback.json"
@@ -49,3 +52,15 @@ def test_the_tuner_beats_random_search_on_the_recorded_landscape(table):
     assert tuner["p10_share"] >= P10_SHARE, tuner
     assert tuner["median_share"] >= table["random"]["median_share"], table
     assert tuner["wins"] > tuner["losses"], tuner
+
+
+def test_a_grid_search_stops_when_every_point_is_measured():
+    """Optuna's GridSampler ends the search once its grid is exhausted (it calls
+    ``study.stop()``); with one ``study.optimize(n_trials=1)`` per trial the search asks the
+    sampler itself. Without that, this run goes on re-measuring points until its 500 trials."""
+    land = Landscape.load(LANDSCAPE)
+    r = replay(land, seed=0, sampler="grid", screening=False, n_trials=500, budget_s=1e7,
+               validate_top=0, ablation=False)  # fmt: skip
+    grid = math.prod(len(choices) for choices in land.grid.values())
+    anchors = 1 + grid // ANCHOR_EVERY  # the baseline and the runs of the defaults between
+    assert grid <= r.trials <= grid + anchors + 1
