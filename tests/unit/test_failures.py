@@ -131,8 +131,19 @@ def test_a_reason_is_stored_and_printed_as_its_tag():
         TrialFailed("exploded")  # no reason outside the enum
 
 
+@pytest.fixture
+def ctrl_c_raises():
+    """Python's own SIGINT handler (KeyboardInterrupt in the main thread) for the test: an
+    earlier test of the session, or Ray in this process, may have installed another."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def test_ctrl_c_lands_on_the_main_thread_and_the_running_trial_is_recorded_interrupted(
-    monkeypatch,
+    monkeypatch, ctrl_c_raises
 ):
     """Trials run on worker threads, so Ctrl-C never lands inside Optuna's ask or tell (it
     once left a trial RUNNING): the main thread aborts the measurement, and the trial's own
@@ -181,7 +192,7 @@ def test_ctrl_c_lands_on_the_main_thread_and_the_running_trial_is_recorded_inter
     assert trials[2].user_attrs["reason_detail"] == "Ctrl-C during the trial"
 
 
-def test_ctrl_c_while_a_trial_is_told_leaves_no_trial_running():
+def test_ctrl_c_while_a_trial_is_told_leaves_no_trial_running(ctrl_c_raises):
     """The interrupt of the CI failure: Ctrl-C while Optuna tells the storage a trial's end.
     Raised in the storage's write of trial 2's state, it lands on the waiting main thread; the
     worker finishes the write, so trial 2 keeps its measurement and nothing is left RUNNING
