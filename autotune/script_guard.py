@@ -112,8 +112,7 @@ def _front(driver: int, keeper: int) -> int:
         try:
             pid, status = os.waitpid(keeper, 0 if told else os.WNOHANG)
             if pid:
-                code = os.waitstatus_to_exitcode(status)
-                return code if code >= 0 else 128 - code
+                return _status(os.waitstatus_to_exitcode(status))
             if os.getppid() != driver:  # the driver died without ending the trial
                 os.kill(keeper, signal.SIGTERM)
                 told = True
@@ -145,6 +144,11 @@ def _keep(front: int, cmd: list[str]) -> int:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         end_all()
+    return _status(code)
+
+
+def _status(code: int) -> int:
+    """An exit status as a shell gives it: 128 + N for a process ended by signal N."""
     return code if code >= 0 else 128 - code
 
 

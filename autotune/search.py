@@ -238,8 +238,7 @@ class Search:
         ``Thread.join``: a join that Ctrl-C interrupts can mark a running thread stopped
         (CPython 3.11, ``Thread._wait_for_tstate_lock``)."""
         errors: list[BaseException] = []
-        done = [threading.Event() for _ in jobs]
-        started = 0
+        done: list[threading.Event] = []  # one per thread started
 
         def work(job: Callable[[], object], finished: threading.Event) -> None:
             try:
@@ -251,10 +250,11 @@ class Search:
                 finished.set()
 
         try:  # Ctrl-C can land while a thread starts, and its trial may be running by then
-            for i, (job, finished) in enumerate(zip(jobs, done, strict=True)):
+            for i, job in enumerate(jobs):
+                finished = threading.Event()
                 name = f"trial-runner-{i}"
                 thread = threading.Thread(target=work, args=(job, finished), name=name, daemon=True)
-                started += 1  # counted before start(): Ctrl-C can land inside it
+                done.append(finished)  # before start(): Ctrl-C can land inside it
                 thread.start()
             while not all(e.is_set() for e in done):
                 self.tick()
@@ -265,9 +265,8 @@ class Search:
             self._stop.set()
             self.measure.abort()
             deadline = time.monotonic() + ABORT_WAIT_S
-            for i, finished in enumerate(done):
-                if i < started:  # a thread that never started cannot set its event
-                    finished.wait(timeout=max(deadline - time.monotonic(), 0.0))
+            for finished in done:
+                finished.wait(timeout=max(deadline - time.monotonic(), 0.0))
             raise
         if errors:
             raise errors[0]
