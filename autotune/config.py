@@ -118,8 +118,9 @@ class MeasureSettings:
 
     min_warmup_steps: int = 2
     """Optimizer steps always discarded before the settle rule looks."""
-    settle_window: int = 3
-    """Steps in each of the two medians the settle rule compares."""
+    settle_window: int = 2
+    """Steps in each of the two medians the settle rule compares (warm-up is at least
+    ``min_warmup_steps + 2 * settle_window`` steps)."""
     settle_tol: float = 0.05
     """Settled when the two medians differ by at most this fraction."""
     max_warmup_steps: int = 100

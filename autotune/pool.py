@@ -29,7 +29,7 @@ from typing import Any
 
 from autotune.errors import FailureReason, TrialFailed
 from autotune.failures import classify
-from autotune.rank import RankResult, RankSpec, run_rank
+from autotune.rank import RankResult, RankSpec, pin_allocator, run_rank
 from autotune.rank_session import listening_store
 
 __all__ = ["LOOPBACK_ENV", "RankActor", "RankPool", "node_ip"]
@@ -64,6 +64,8 @@ class RankActor:
     def __init__(self, env_keys: list[str]) -> None:
         import torch.distributed as dist
 
+        # Before anything of the workload is allocated (see rank.pin_allocator).
+        self.allocator_pinned = pin_allocator()
         # Taken when the process starts, before any process group: what NCCL would read.
         self.env_at_start = {k: os.environ.get(k) for k in env_keys}
         self.pg_at_start = dist.is_available() and dist.is_initialized()

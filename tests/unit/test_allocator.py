@@ -1,0 +1,59 @@
+"""glibc's malloc pinned in rank processes (``rank.pin_allocator``): the cause of the cold first
+baseline was page faults from glibc's dynamic thresholds (docs/measurement.md). Each check runs
+in a child process, so the test process keeps its own allocator."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+#: A step's worth of the default workload's large blocks: six 16 MiB tensors (a layer's weight
+#: or gradient), touched, then all freed, as a training step does; the minor page faults of
+#: the last of 12 such steps.
+CHILD = r"""
+import ctypes, json, resource, sys
+from autotune.rank import pin_allocator
+pinned = pin_allocator() if sys.argv[1] == "pin" else None
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+size = 16 * 2**20
+faults = []
+for step in range(12):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    blocks = [libc.malloc(size) for _ in range(6)]
+    for b in blocks:
+        ctypes.memset(b, 1, size)
+    for b in blocks:
+        libc.free(b)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({"pinned": pinned, "faults": faults}))
+"""
+
+
+def run_child(mode: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True,
+                         check=True, timeout=60)  # fmt: skip
+    return json.loads(out.stdout)
+
+
+def test_a_pinned_process_stops_faulting_its_blocks_in_after_the_first_step():
+    pinned = run_child("pin")
+    if not pinned["pinned"]:
+        pytest.skip("the C library is not glibc: nothing to pin")
+    pages = 6 * 16 * 2**20 // 4096  # one step's blocks, in 4 KiB pages
+    assert pinned["faults"][0] >= pages // 2, "the first step faults its blocks in"
+    assert max(pinned["faults"][2:]) < pages // 20, pinned["faults"]
+
+
+def test_left_dynamic_glibc_gives_the_blocks_back_and_faults_them_in_every_step():
+    """What the pin is for (glibc's behaviour, not autotune's): without it, the freed blocks go
+    back to the system at the end of each step and every step faults them in again."""
+    if not run_child("pin")["pinned"]:
+        pytest.skip("the C library is not glibc")
+    dynamic = run_child("none")
+    pages = 6 * 16 * 2**20 // 4096
+    assert min(dynamic["faults"][2:]) >= pages // 2, dynamic["faults"]
