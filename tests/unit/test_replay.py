@@ -1,8 +1,8 @@
 """The search benchmark on recorded measurements holds its line: the tuner as shipped (the
 designed screening, then TPE, re-anchoring, re-validation and ablation), replayed on the
 recorded default landscape (``bench/landscapes/default-loopback.json``) for many seeds, against
-random search on the same seeds (``bench/replay.py``; the README's *Benchmark* section has the
-table). A test over recorded data, not a timing: every replay is deterministic."""
+random search on the same seeds (``bench/replay.py``; docs/benchmark.md has the table). A test
+over recorded data, not a timing: every replay is deterministic."""
 
 from __future__ import annotations
 
@@ -17,13 +17,15 @@ from tests.conftest import REPO
 LANDSCAPE = REPO / "bench" / "landscapes" / "default-loopback.json"
 SEEDS = 100
 TRIALS = 15
-#: Just under what ``python bench/replay.py --seeds 100`` measured when this strategy shipped
-#: (docs/benchmark.md: wins 53 %, ties 9 %, losses 38 %, median share 0.912, 10th percentile
-#: 0.861): the test fails when a change loses ground. The issue's goals (80 % wins, 0.98) are
-#: not reached; measuring every point of the landscape once (``grid``) reaches 66 % and 0.943.
-WIN_SHARE = 0.50
-MEDIAN_SHARE = 0.90
-P10_SHARE = 0.85
+#: Just under what ``python bench/replay.py --seeds 100`` measured when this landscape was
+#: recorded (docs/benchmark.md: median share 1.000, 10th percentile 1.000, wins 74 %, ties
+#: 24 %, losses 2 %): the test fails when a change loses ground. The issue's 80 % wins is out
+#: of reach on this landscape for any search: random search itself exports a point within 1 %
+#: of the best in about a quarter of the seeds, and those can only be ties.
+WIN_SHARE = 0.70
+BEATS_OR_TIES = 0.95
+MEDIAN_SHARE = 0.98
+P10_SHARE = 0.97
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +50,7 @@ def test_the_tuner_beats_random_search_on_the_recorded_landscape(table):
     tuner = table["tuner"]
     assert tuner["seeds"] == SEEDS and tuner["median_trials"] == TRIALS
     assert tuner["win_share"] >= WIN_SHARE, tuner
+    assert tuner["beats_or_ties"] >= BEATS_OR_TIES, tuner
     assert tuner["median_share"] >= MEDIAN_SHARE, tuner
     assert tuner["p10_share"] >= P10_SHARE, tuner
     assert tuner["median_share"] >= table["random"]["median_share"], table
