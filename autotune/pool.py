@@ -64,8 +64,9 @@ class RankActor:
     def __init__(self, env_keys: list[str]) -> None:
         import torch.distributed as dist
 
-        # Before anything of the workload is allocated (see rank.pin_allocator).
-        self.allocator_pinned = pin_allocator()
+        # Before anything of the workload is allocated (see rank.pin_allocator); where the C
+        # library is not glibc there is nothing to pin.
+        pin_allocator()
         # Taken when the process starts, before any process group: what NCCL would read.
         self.env_at_start = {k: os.environ.get(k) for k in env_keys}
         self.pg_at_start = dist.is_available() and dist.is_initialized()
