@@ -34,26 +34,32 @@ print(json.dumps({"pinned": pinned, "faults": faults}))
 """
 
 
+#: One step's blocks, in 4 KiB pages.
+PAGES = 6 * 16 * 2**20 // 4096
+
+
 def run_child(mode: str) -> dict:
     out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True,
                          check=True, timeout=60)  # fmt: skip
     return json.loads(out.stdout)
 
 
-def test_a_pinned_process_stops_faulting_its_blocks_in_after_the_first_step():
-    pinned = run_child("pin")
-    if not pinned["pinned"]:
+@pytest.fixture(scope="module")
+def pinned() -> dict:
+    """A pinned child's faults; skips where the C library is not glibc (nothing to pin)."""
+    child = run_child("pin")
+    if not child["pinned"]:
         pytest.skip("the C library is not glibc: nothing to pin")
-    pages = 6 * 16 * 2**20 // 4096  # one step's blocks, in 4 KiB pages
-    assert pinned["faults"][0] >= pages // 2, "the first step faults its blocks in"
-    assert max(pinned["faults"][2:]) < pages // 20, pinned["faults"]
+    return child
 
 
-def test_left_dynamic_glibc_gives_the_blocks_back_and_faults_them_in_every_step():
+def test_a_pinned_process_stops_faulting_its_blocks_in_after_the_first_step(pinned):
+    assert pinned["faults"][0] >= PAGES // 2, "the first step faults its blocks in"
+    assert max(pinned["faults"][2:]) < PAGES // 20, pinned["faults"]
+
+
+def test_left_dynamic_glibc_gives_the_blocks_back_and_faults_them_in_every_step(pinned):
     """What the pin is for (glibc's behaviour, not autotune's): without it, the freed blocks go
     back to the system at the end of each step and every step faults them in again."""
-    if not run_child("pin")["pinned"]:
-        pytest.skip("the C library is not glibc")
     dynamic = run_child("none")
-    pages = 6 * 16 * 2**20 // 4096
-    assert min(dynamic["faults"][2:]) >= pages // 2, dynamic["faults"]
+    assert min(dynamic["faults"][2:]) >= PAGES // 2, dynamic["faults"]
