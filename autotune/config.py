@@ -3,8 +3,9 @@
 ``TrialConfig.from_values`` turns a full assignment of knob values (``ResolvedSpace.suggest``)
 into the settings each rank applies where they act:
 
-* ``env``: process environment (``NCCL_*``, ``OMP_NUM_THREADS``), put in every rank's process
-  when Ray starts it, before the process group exists;
+* ``env``: process environment (``NCCL_*``, ``OMP_NUM_THREADS``, and glibc's allocator pinned
+  in every trial alike, ``autotune.allocator.ENV``), put in every rank's process when Ray
+  starts it, before the process group exists;
 * ``ddp``: ``DistributedDataParallel`` kwargs, plus ``comm_hook`` registered after wrapping;
 * ``data``: ``DataLoader`` kwargs;
 * ``precision``: autocast dtype and GradScaler (or TF32 matmuls);
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, ClassVar
 
+from autotune import allocator
 from autotune.errors import ConfigError
 from autotune.knobs import KNOBS, UNSET, Target
 
@@ -59,6 +61,7 @@ class TrialConfig:
             if k.section == "nccl" and values[name] != UNSET
         }
         env["OMP_NUM_THREADS"] = str(values["threads"])
+        env.update(allocator.ENV)  # not a knob: how every trial runs, so the profile keeps it
         hook: dict[str, Any] = {"name": values["comm_hook"]}
         if hook["name"] == "powersgd":
             hook["matrix_approximation_rank"] = values["powersgd_rank"]

@@ -304,8 +304,9 @@ def _study_profile(study: optuna.Study, *, budget_s: float | None, trial: int | 
         )
     if (limit := limit_of(study, config)) is not None:
         measured["limit"] = limit
-    if "numerics_drift" in best.user_attrs:  # only a study that allows drift exports it
-        measured["numerics_drift"] = best.user_attrs["numerics_drift"]
+    for key in ("numerics_drift", "numerics_unjudged"):  # within tolerance, allowed, or no verdict
+        if key in best.user_attrs:
+            measured[key] = best.user_attrs[key]
     return Profile.from_config(
         config,
         study={

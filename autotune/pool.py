@@ -27,9 +27,10 @@ import socket
 import time
 from typing import Any
 
+from autotune import allocator
 from autotune.errors import FailureReason, TrialFailed
 from autotune.failures import classify
-from autotune.rank import RankResult, RankSpec, pin_allocator, run_rank
+from autotune.rank import RankResult, RankSpec, run_rank
 from autotune.rank_session import listening_store
 
 __all__ = ["LOOPBACK_ENV", "RankActor", "RankPool", "node_ip"]
@@ -64,9 +65,9 @@ class RankActor:
     def __init__(self, env_keys: list[str]) -> None:
         import torch.distributed as dist
 
-        # Before anything of the workload is allocated (see rank.pin_allocator); where the C
+        # Before anything of the workload is allocated (see autotune.allocator); where the C
         # library is not glibc there is nothing to pin.
-        pin_allocator()
+        allocator.pin()
         # Taken when the process starts, before any process group: what NCCL would read.
         self.env_at_start = {k: os.environ.get(k) for k in env_keys}
         self.pg_at_start = dist.is_available() and dist.is_initialized()

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune import _yaml, apply, script_report
+from autotune import _yaml, allocator, apply, script_report
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.hardware import differences
@@ -165,7 +165,9 @@ class Profile:
         """Put the profile's environment into ``environ`` (default ``os.environ``).
 
         Call it before ``init_process_group``: NCCL reads its variables once per process.
-        Returns the variables set: only ``ALLOWED_ENV``'s, each value legal (checked again).
+        Into ``os.environ`` it also applies ``OMP_NUM_THREADS`` (torch's threads) and glibc's
+        allocator thresholds (``autotune.allocator.pin``) to this process at once. Returns the
+        variables set: only ``ALLOWED_ENV``'s, each value legal (checked again).
         """
         import torch.distributed as dist
 
@@ -180,6 +182,8 @@ class Profile:
         target.update(self.env)
         if environ is None and "OMP_NUM_THREADS" in self.env:
             apply.set_threads(int(self.env["OMP_NUM_THREADS"]))
+        if environ is None:  # glibc read its variables when the process started: mallopt now
+            allocator.pin({k: v for k, v in self.env.items() if k in allocator.ENV})
         return dict(self.env)
 
     def wrap(self, model: Any, **ddp_kwargs: Any) -> Any:

@@ -15,7 +15,7 @@ import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from autotune import _yaml
+from autotune import _yaml, allocator
 from autotune.errors import ConfigError
 from autotune.knobs import (
     COMM_HOOKS,
@@ -69,6 +69,7 @@ SECTIONS = {
         "tuning_s",
         "note",
         "numerics_drift",
+        "numerics_unjudged",
         "baseline_peak_memory_mb",
         "pareto",
         "batch_changed",
@@ -105,12 +106,22 @@ TOP = (
 HOOK_KEYS = ("name", "matrix_approximation_rank", "start_powerSGD_iter")
 
 #: The only environment variables a profile may set, each with the knob whose legality rule
-#: its value must pass (written as a string): the NCCL knobs, and OMP_NUM_THREADS (``threads``).
-#: Anything else (LD_PRELOAD, PYTHONPATH, a name that is shell syntax) is refused at load.
+#: its value must pass (written as a string): the NCCL knobs, OMP_NUM_THREADS (``threads``)
+#: and glibc's two allocator thresholds (``autotune.allocator``: not searched, set alike in
+#: every trial). Anything else (LD_PRELOAD, PYTHONPATH, a name that is shell syntax) is
+#: refused at load.
 ALLOWED_ENV: Mapping[str, Knob] = {
     "OMP_NUM_THREADS": KNOBS["threads"],
     **{name: k for name, k in KNOBS.items() if k.section == "nccl"},
-}
+    allocator.MMAP_ENV: Knob(
+        name=allocator.MMAP_ENV, section="env", doc="glibc malloc's mmap threshold, pinned",
+        default=UNSET, legal=allocator.legal_mmap,
+    ),
+    allocator.TRIM_ENV: Knob(
+        name=allocator.TRIM_ENV, section="env", doc="glibc malloc's trim threshold, pinned",
+        default=UNSET, legal=allocator.legal_trim,
+    ),
+}  # fmt: skip
 #: How a file's problem is fixed (a study's: ``Profile.from_config``).
 FILE_FIX = "correct it in the file or export the study again"
 #: ``illegal_combination`` needs a target; its environment rules do not look at it.

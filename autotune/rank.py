@@ -19,17 +19,15 @@ starts, see ``rank_session.LAST_GROUP``) and collected the model, optimizer and 
 whose worker processes are gone with it. Peak memory is the trial's own: the maximum RSS
 sampled after each forward pass and optimizer step, not the process's lifetime peak.
 
-glibc's malloc is pinned in every rank process (``pin_allocator``, called once when the pool
-starts the process). With its dynamic thresholds, a new process (the first trial of a run, the
-baseline) took 40-190 thousand page faults a second per rank and ran its steps 10-20 % slower
-for the first 20-30 steps, long after the settle rule had started timing: the cold first
+glibc's malloc is pinned in every rank process (``autotune.allocator.pin``, called once when
+the pool starts the process). With its dynamic thresholds, a new process (the first trial of a
+run, the baseline) took 40-190 thousand page faults a second per rank and ran its steps 10-20 %
+slower for the first 20-30 steps, long after the settle rule had started timing: the cold first
 baseline (``bench/settle.py``, docs/measurement.md).
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import gc
 import math
 import os
@@ -39,6 +37,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune import allocator
 from autotune.rank_env import output_to
 from autotune.rank_session import (
     LAST_GROUP,
@@ -51,42 +50,13 @@ from autotune.rank_session import (
 from autotune.stats import Interval
 
 __all__ = [
-    "MMAP_THRESHOLD",
-    "TRIM_THRESHOLD",
     "MemoryLimitExceeded",
     "NonFiniteLoss",
     "RankResult",
     "RankSpec",
     "listening_store",
-    "pin_allocator",
     "run_rank",
 ]
-
-#: glibc's ``M_MMAP_THRESHOLD`` in rank processes: its largest value (32 MiB on 64-bit), so
-#: gradients, activations and buckets up to that size come from the heap, not a fresh mmap.
-MMAP_THRESHOLD = 32 * 2**20
-#: glibc's ``M_TRIM_THRESHOLD`` in rank processes: the free heap is not given back while a
-#: trial runs (``run_rank`` gives it back explicitly, ``malloc_trim``, when the trial ends).
-TRIM_THRESHOLD = 2**30
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # malloc.h
-
-
-def pin_allocator() -> bool:
-    """Fix glibc malloc's mmap and trim thresholds in this process (``mallopt``), which also
-    turns off their dynamic adjustment; False where the C library is not glibc.
-
-    Left dynamic, glibc starts a process at a 128 KiB threshold and raises it only as it frees
-    mmapped blocks, trimming the heap in between: every step of a new process mapped, faulted
-    in (zeroed) and unmapped its large tensors again until the thresholds caught up, 20-30
-    steps of the default workload here, each 10-20 % slower. Pinned, a new process's steps
-    are as fast as a pooled one's from the third step on (``bench/settle.py``)."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
-        mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
-    )
 
 
 class NonFiniteLoss(RuntimeError):
@@ -162,8 +132,7 @@ def run_rank(spec: RankSpec, store: Any = None) -> RankResult:
             import torch
 
             torch.cuda.empty_cache()
-        with contextlib.suppress(OSError, AttributeError):  # AttributeError: not glibc
-            ctypes.CDLL(None).malloc_trim(0)
+        allocator.trim()
 
 
 def _run_rank(spec: RankSpec, store: Any) -> RankResult:

@@ -10,8 +10,12 @@ configuration reaches it through the environment:
 * ``AUTOTUNE_REPORT_DIR`` - where ``Profile.wrap`` (``autotune.script_report``) has each rank
   append one line per forward pass of the wrapped model: the step's time stamp, and the loss
   when the script calls ``profile.report_loss(loss)``;
-* the profile's own environment (``NCCL_*``, ``OMP_NUM_THREADS``), set before the command
-  starts, as ``autotune launch`` does.
+* the profile's own environment (``NCCL_*``, ``OMP_NUM_THREADS``, glibc's allocator pin),
+  set before the command starts, as ``autotune launch`` does.
+
+The losses rank 0 reports become the trial's loss curve for the numerics guard
+(``loss_curve``): one value per optimizer step, the mean of that step's micro-step losses, so
+that trials with other accumulation at the same global batch compare like with like.
 
 The command runs under ``autotune.script_guard``, which ends every process the command
 started when the trial ends, and by itself should the driver die (``kill -9``).
@@ -44,11 +48,12 @@ from pathlib import Path
 from autotune import script_guard
 from autotune.config import MeasureSettings, TrialConfig
 from autotune.errors import FailureReason, TrialFailed
+from autotune.numerics import CURVE_STEPS
 from autotune.rank import RankResult
 from autotune.results import TrialResult
 from autotune.stats import Interval
 
-__all__ = ["PROFILE_ENV", "REPORT_ENV", "StepStream", "run_script"]
+__all__ = ["PROFILE_ENV", "REPORT_ENV", "StepStream", "loss_curve", "run_script"]
 
 PROFILE_ENV = "AUTOTUNE_PROFILE"
 REPORT_ENV = "AUTOTUNE_REPORT_DIR"
@@ -224,10 +229,22 @@ def run_script(
             warmup_s=stamps[first] - stamps[0],
             measure_s=window_s,
             loss=statistics.fmean(losses[-n:]) if losses else math.nan,
-            loss_curve=[],  # trials stop at different steps: no curve to compare
+            loss_curve=loss_curve(losses, len(stamps), config.accumulation_steps),
             peak_memory_mb=0.0,
         )
         return TrialResult(ranks=[rank], wall_s=wall)
+
+
+def loss_curve(losses: Sequence[float], forwards: int, accumulation_steps: int) -> list[float]:
+    """The first ``CURVE_STEPS`` optimizer steps' losses from rank 0's reports: the mean of
+    each step's ``accumulation_steps`` micro-step losses when the script reports one loss per
+    forward pass (the README's pattern: about as many losses as forwards), the losses as they
+    are when it reports one per optimizer step. Empty when the script reports none."""
+    a = accumulation_steps
+    if a == 1 or len(losses) < 0.75 * forwards:  # one loss per step (or no accumulation)
+        return [float(x) for x in losses[:CURVE_STEPS]]
+    steps = min(len(losses) // a, CURVE_STEPS)
+    return [statistics.fmean(losses[k * a : (k + 1) * a]) for k in range(steps)]
 
 
 def _watch(

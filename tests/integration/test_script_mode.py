@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -198,3 +199,87 @@ def running_in(where: Path) -> list[str]:
         except OSError:
             continue
     return found
+
+
+#: The numerics guard's drifting workload (``autotune_test_trainers.underflow``) as a plain
+#: torchrun script in the README's pattern: a linear model on a linear target, the loss scaled
+#: to 1e-10 so that the fp16 compression hook turns every gradient into zero. ``SEED`` is
+#: replaced by a seed expression: fixed (a reproducible script) or from the clock.
+UNDERFLOW = """
+import time
+import torch
+import torch.distributed as dist
+import autotune
+
+profile = autotune.Profile.load()
+profile.apply_env()
+dist.init_process_group("gloo")
+torch.manual_seed(SEED)
+x = torch.randn(4096, 64, generator=torch.Generator().manual_seed(SEED))
+data = torch.utils.data.TensorDataset(x, 0.5 * x[:, :16])
+model = profile.wrap(torch.nn.Linear(64, 16))
+sampler = torch.utils.data.DistributedSampler(data, seed=SEED)
+loader = torch.utils.data.DataLoader(data, sampler=sampler, **profile.dataloader_kwargs)
+optimizer = torch.optim.Adam(model.parameters(), lr=0.02, eps=1e-20)
+for epoch in range(10**6):
+    sampler.set_epoch(epoch)
+    for i, (xb, yb) in enumerate(loader):
+        loss = torch.nn.functional.mse_loss(model(xb), yb) * 1e-10
+        (loss / profile.accumulation_steps).backward()
+        profile.report_loss(loss)
+        if (i + 1) % profile.accumulation_steps == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+def test_the_numerics_guard_fails_a_script_trial_whose_loss_drifts(run_env, tmp_path):
+    (tmp_path / "train.py").write_text(UNDERFLOW.replace("SEED", "0"))
+    (tmp_path / "space.yaml").write_text("ddp:\n  comm_hook: {type: categorical, "
+                                         "choices: [none, fp16]}\n")  # fmt: skip
+    env = {**run_env, "PATH": BIN + os.pathsep + run_env.get("PATH", "")}
+    p = autotune(env, "run", "--study", "quick", "--space", "space.yaml", "--sampler", "grid",
+                 "--budget", "60s", "--validate-top", "0", "--global-batch", "128", "--",
+                 "torchrun", "--nproc-per-node", "2", "train.py", cwd=tmp_path,
+                 timeout=300)  # fmt: skip
+    study = optuna.load_study(study_name="quick-script-train-gloo-2r",
+                              storage=f"sqlite:///{tmp_path}/home/autotune.db")  # fmt: skip
+    base = study.trials[0].user_attrs
+    curve = base["loss_curve"]
+    assert base["baseline"] and len(curve) == 16 and curve[-1] < 0.5 * curve[0], p.stdout
+    fp16 = [t for t in study.trials if t.params.get("comm_hook") == "fp16"]
+    assert fp16, p.stdout
+    t = fp16[0]
+    assert t.state == TrialState.FAIL and t.user_attrs["reason"] == "numerics_drift", p.stdout
+    assert t.user_attrs["numerics_drift"] > 0.2
+    same = [t for t in study.trials[1:] if t.params.get("comm_hook") == "none"]
+    assert all(t.user_attrs.get("fp32_drift", 0) < 1e-3 for t in same)  # it repeats exactly
+
+
+@pytest.mark.parametrize("accumulation", [1, 4])
+def test_a_seeded_script_repeats_its_loss_curve_and_an_unseeded_one_does_not(
+    tmp_path, accumulation
+):
+    """What the guard compares (``script_trial.loss_curve``): per optimizer step, the same
+    samples at any accumulation; a script seeded from the clock gives another curve each run,
+    which ``fp32_drift`` then shows."""
+    from autotune.numerics import drift
+
+    seeded, unseeded = tmp_path / "seeded.py", tmp_path / "unseeded.py"
+    seeded.write_text(UNDERFLOW.replace("SEED", "0"))
+    unseeded.write_text(UNDERFLOW.replace("SEED", "time.time_ns() % 2**31"))
+    measure = MeasureSettings(window_s=0.3, min_windows=2, max_windows=3)
+
+    def curve(script: Path, accumulation_steps: int) -> list[float]:
+        micro = TARGET.per_rank_batch // accumulation_steps
+        cfg = replace(config(), micro_batch=micro, accumulation_steps=accumulation_steps)
+        cmd = [os.path.join(BIN, "torchrun"), "--nproc-per-node", "2", str(script)]
+        r = run_script(cmd, cfg, world_size=2, measure=measure, timeout_s=120, cwd=tmp_path)
+        return r.ranks[0].loss_curve
+
+    reference = curve(seeded, 1)
+    assert len(reference) == 16
+    value, steps = drift(curve(seeded, accumulation), reference)
+    assert steps == 16 and value < 1e-3
+    value, _ = drift(curve(unseeded, accumulation), reference)
+    assert value > 0.01  # 2-4 % measured: over ten times a seeded rerun's bound

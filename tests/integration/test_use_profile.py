@@ -13,6 +13,7 @@ import urllib.request
 
 import pytest
 
+from autotune import allocator
 from autotune.config import TrialConfig
 from autotune.hardware import describe
 from autotune.knobs import Target
@@ -70,12 +71,13 @@ def test_env_prints_export_lines_that_a_shell_reads_back(tmp_path):
     cpu_profile(path)
     profile = Profile.load(path)
     # (quoting of hostile names and values: tests/unit/test_profile_env.py; a profile's env
-    # holds only the knob registry's NCCL variables and OMP_NUM_THREADS)
+    # holds only the knob registry's NCCL variables, OMP_NUM_THREADS and glibc's allocator pin)
     profile.env["NCCL_ALGO"] = "Tree"
     profile.save(path)
     out = subprocess.run(autotune_cmd("env", str(path)), capture_output=True, text=True,
                          check=True).stdout  # fmt: skip
     assert "export OMP_NUM_THREADS=1" in out
+    assert "export MALLOC_MMAP_THRESHOLD_=33554432" in out  # how every trial ran
     shown = subprocess.run(["bash", "-c", out + 'printf "%s" "$NCCL_ALGO"'],
                            capture_output=True, text=True).stdout  # fmt: skip
     assert shown == "Tree"
@@ -88,9 +90,9 @@ def test_launch_applies_the_env_returns_the_exit_code_and_warns_on_other_hardwar
     profile.env["NCCL_ALGO"] = "Ring"
     profile.save(path)
     p = subprocess.run(autotune_cmd("launch", str(path), "--", "bash", "-c",
-                                    'echo "$NCCL_ALGO"; exit 7'),
+                                    'echo "$NCCL_ALGO $MALLOC_TRIM_THRESHOLD_"; exit 7'),
                        capture_output=True, text=True)  # fmt: skip
-    assert p.returncode == 7 and p.stdout.strip() == "Ring"
+    assert p.returncode == 7 and p.stdout.strip() == "Ring 1073741824"
     assert "measured on other hardware: device_name: 'NVIDIA H100 80GB HBM3'" in p.stderr
     assert "torch: '2.99.0'" in p.stderr
     with pytest.warns(UserWarning, match="device_name"):
@@ -102,7 +104,7 @@ def test_apply_env_autocast_and_scaler_follow_the_profile(tmp_path):
 
     p = cpu_profile(tmp_path / "a.yaml", precision="bf16")
     environ: dict[str, str] = {}
-    assert p.apply_env(environ) == {"OMP_NUM_THREADS": "1"} == environ
+    assert p.apply_env(environ) == {"OMP_NUM_THREADS": "1", **allocator.ENV} == environ
     with p.autocast("cpu"):
         assert torch.get_autocast_dtype("cpu") == torch.bfloat16
         assert torch.is_autocast_enabled("cpu")

@@ -3,6 +3,7 @@
 import pytest
 import yaml
 
+from autotune import allocator
 from autotune.config import POWERSGD_START_ITER, TrialConfig
 from autotune.errors import ConfigError
 from autotune.knobs import Target
@@ -25,9 +26,9 @@ def values(**changes):
     return {**r.defaults(), **changes}
 
 
-def test_baseline_config_sets_only_torchruns_thread_default():
+def test_baseline_config_sets_only_torchruns_thread_default_and_the_allocator_pin():
     c = TrialConfig.from_values(values(), GPU)
-    assert c.env == {"OMP_NUM_THREADS": "1"}
+    assert c.env == {"OMP_NUM_THREADS": "1", **allocator.ENV}
     assert c.ddp == {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": False, "static_graph": False}
     assert c.comm_hook == {"name": "none"}
     assert c.data == {"num_workers": 0, "pin_memory": False}
@@ -42,7 +43,8 @@ def test_the_thread_default_is_torchruns_for_the_ranks_a_node_holds():
     for per_node, threads in ((4, "1"), (None, "1"), (1, "4")):
         t = dataclasses.replace(GPU, world_size=1, global_batch=64, ranks_per_node=per_node)
         r = SearchSpace.load("default").resolve(t)
-        assert TrialConfig.from_values(r.defaults(), t).env == {"OMP_NUM_THREADS": threads}
+        env = TrialConfig.from_values(r.defaults(), t).env
+        assert env == {"OMP_NUM_THREADS": threads, **allocator.ENV}
         assert r.baseline_params()["threads"] == int(threads)
 
 
@@ -62,7 +64,9 @@ def test_each_value_lands_where_it_acts():
         ),
         GPU,
     )
-    assert c.env == {"NCCL_ALGO": "Tree", "NCCL_BUFFSIZE": "8388608", "OMP_NUM_THREADS": "3"}
+    assert c.env == {
+        "NCCL_ALGO": "Tree", "NCCL_BUFFSIZE": "8388608", "OMP_NUM_THREADS": "3", **allocator.ENV
+    }  # fmt: skip
     assert c.threads == 3
     assert c.comm_hook == {
         "name": "powersgd",

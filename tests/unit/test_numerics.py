@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -16,7 +17,7 @@ def test_only_precision_and_compression_change_numerics():
     same = TrialConfig(ddp={"bucket_cap_mb": 5.0, "gradient_as_bucket_view": True},
                        micro_batch=8, accumulation_steps=4)  # fmt: skip
     assert changes_numerics(same) == []
-    assert changes_numerics(TrialConfig(precision="bf16")) == ["precision=bf16"]
+    assert changes_numerics(TrialConfig(precision="bf16", global_batch=128)) == ["precision=bf16"]
     assert changes_numerics(TrialConfig(precision="tf32")) == ["precision=tf32"]
     both = TrialConfig(precision="fp16", comm_hook={"name": "powersgd"})
     assert changes_numerics(both) == ["precision=fp16", "comm_hook=powersgd"]
@@ -47,3 +48,57 @@ def test_no_verdict_without_enough_steps_or_a_baseline_loss():
 def test_a_non_finite_loss_is_infinite_drift():
     value, _ = drift([1.0] * 9 + [math.nan], [1.0] * 10)
     assert value == math.inf
+
+
+def guard_after(fp32_drift: float | None, **study_settings):
+    """``Objective._drift`` (its rule only) on a real in-memory study: a baseline with a
+    falling loss curve and, when given, an fp32 trial that differed from it by ``fp32_drift``."""
+    import optuna
+    from optuna.trial import create_trial
+
+    from autotune.objective import Objective
+
+    study = optuna.create_study(direction="maximize")
+    base_curve = [1.0 / (k + 1) for k in range(CURVE_STEPS)]
+    study.add_trial(
+        create_trial(
+            value=1.0,
+            user_attrs={
+                "baseline": True,
+                "config": {"global_batch": 128},
+                "loss_curve": base_curve,
+            },
+        )
+    )
+    if fp32_drift is not None:
+        study.add_trial(create_trial(value=1.0, user_attrs={"fp32_drift": fp32_drift}))
+    settings = {"drift_tolerance": 0.05, "allow_drift": False, **study_settings}
+    guard = SimpleNamespace(study=study, d=SimpleNamespace(**settings))
+    guard._fp32_drift = lambda: Objective._fp32_drift(guard)
+    return guard, base_curve
+
+
+def test_the_guard_fails_a_drifting_setting_of_a_workload_that_repeats_its_steps():
+    from autotune.errors import FailureReason
+    from autotune.objective import Objective
+
+    for floor in (None, 0.0005):  # no fp32 rerun yet; a rerun within 0.1 %
+        guard, base = guard_after(floor)
+        attrs = {"loss_curve": [x * 1.2 for x in base]}
+        failure = Objective._drift(guard, TrialConfig(precision="bf16", global_batch=128), attrs)
+        assert failure is not None and failure.reason == FailureReason.NUMERICS_DRIFT
+        assert attrs["numerics_drift"] == pytest.approx(0.2)
+
+
+def test_an_fp32_rerun_records_the_floor_and_a_workload_that_does_not_repeat_is_unjudged():
+    from autotune.objective import Objective
+
+    guard, base = guard_after(None)
+    attrs = {"loss_curve": [x * 1.03 for x in base]}
+    fp32 = TrialConfig(global_batch=128)
+    assert Objective._drift(guard, fp32, attrs) is None  # an fp32 trial never fails it
+    assert attrs["fp32_drift"] == pytest.approx(0.03) and "numerics_drift" not in attrs
+    guard, base = guard_after(0.03)  # an unseeded script's rerun (2-4 % measured)
+    attrs = {"loss_curve": [x * 1.2 for x in base]}
+    assert Objective._drift(guard, TrialConfig(precision="bf16", global_batch=128), attrs) is None
+    assert "do not repeat" in attrs["numerics_unjudged"] and "3.0%" in attrs["numerics_unjudged"]

@@ -19,6 +19,7 @@ import yaml
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import create_trial
 
+from autotune import allocator
 from autotune.config import TrialConfig
 from autotune.errors import ConfigError
 from autotune.knobs import KNOBS, NCCL_ALGOS, NCCL_NTHREADS, NCCL_PROTOS, Target
@@ -165,7 +166,8 @@ def test_the_messages_read_as_one_line_each(tmp_path):
     assert messages == {
         "name": "profile DIR/p.yaml: env key 'LD_PRELOAD' is not allowed: a profile sets only "
         "OMP_NUM_THREADS, NCCL_ALGO, NCCL_PROTO, NCCL_BUFFSIZE, NCCL_NTHREADS, NCCL_MIN_CTAS, "
-        "NCCL_MAX_CTAS, NCCL_SOCKET_NTHREADS, NCCL_NSOCKS_PERTHREAD; correct it in the file or "
+        "NCCL_MAX_CTAS, NCCL_SOCKET_NTHREADS, NCCL_NSOCKS_PERTHREAD, MALLOC_MMAP_THRESHOLD_, "
+        "MALLOC_TRIM_THRESHOLD_; correct it in the file or "
         "export the study again",
         "value": "profile DIR/p.yaml: env.NCCL_ALGO must be one of Ring, Tree, CollnetDirect, "
         "CollnetChain, NVLS, NVLSTree, PAT, got 'foo'; correct it in the file or export the "
@@ -175,9 +177,9 @@ def test_the_messages_read_as_one_line_each(tmp_path):
     }
 
 
-def test_the_allowlist_is_the_nccl_knobs_and_omp_num_threads():
+def test_the_allowlist_is_the_nccl_knobs_omp_num_threads_and_the_allocator_pin():
     nccl = {name for name, k in KNOBS.items() if k.section == "nccl"}
-    assert set(ALLOWED_ENV) == nccl | {"OMP_NUM_THREADS"}
+    assert set(ALLOWED_ENV) == nccl | {"OMP_NUM_THREADS"} | set(allocator.ENV)
     assert all(name.startswith("NCCL_") for name in nccl)
 
 
@@ -211,7 +213,8 @@ def test_every_env_value_a_real_trial_can_produce_passes(space, target):
 
 
 CANDIDATES = [0, 1, 2, 16, 17, 64, 65, 100, 512, 4194304, -1, *NCCL_ALGOS, *NCCL_PROTOS,
-              *NCCL_NTHREADS, "ring", "Ring,Tree", "default"]  # fmt: skip
+              *NCCL_NTHREADS, "ring", "Ring,Tree", "default", 2**25, 2**25 + 1, 2**30, 2**51,
+              "32M", "0x100"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", list(ALLOWED_ENV))
@@ -287,8 +290,9 @@ def test_autotune_env_output_evals_to_exactly_the_profiles_values(tmp_path):
     assert p.returncode == 0, p.stderr
     assert p.stdout == (
         "export NCCL_ALGO=Ring\nexport NCCL_BUFFSIZE=8388608\nexport OMP_NUM_THREADS=4\n"
+        "export MALLOC_MMAP_THRESHOLD_=33554432\nexport MALLOC_TRIM_THRESHOLD_=1073741824\n"
     )
-    shown = bash(p.stdout + "env | grep -E '^(NCCL_|OMP_)' | sort", tmp_path).stdout
+    shown = bash(p.stdout + "env | grep -E '^(NCCL_|OMP_|MALLOC_)' | sort", tmp_path).stdout
     assert shown.splitlines() == sorted(f"{k}={v}" for k, v in cfg.env.items())
 
 
