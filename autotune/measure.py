@@ -98,6 +98,7 @@ class Measurer:
                 log_dir=None if log_dir is None else str(log_dir),
                 cwd=os.getcwd(),  # the command as the user typed it, where they typed it
                 env=dict(os.environ),
+                max_memory_mb=self.d.max_memory_mb,
             )
         return self.runner.run(
             trial=number,

@@ -3,7 +3,10 @@ CMD`` runs the user's script (``autotune.script_trial`` is the driver's side).
 
 When ``AUTOTUNE_REPORT_DIR`` is set, ``install`` registers a forward pre-hook on the wrapped
 model: each forward pass appends a line ``t <time.perf_counter()>`` to
-``$AUTOTUNE_REPORT_DIR/rank-<RANK>.steps``; ``report_loss`` appends ``l <loss>``. A line is
+``$AUTOTUNE_REPORT_DIR/rank-<RANK>.steps``, and every ``MEMORY_EVERY``-th (the first
+included) also ``m <MiB>``, the rank's peak memory so far: CUDA's peak allocated memory when
+the input is on a GPU, else the process's peak resident set (a trial's processes are new,
+so it is the trial's own); ``report_loss`` appends ``l <loss>``. A line is
 written whole and flushed at once, so the driver reads complete lines while the script runs.
 Without the variable (the real job, under ``autotune launch``) nothing is installed and
 ``report_loss`` does nothing.
@@ -12,10 +15,14 @@ Without the variable (the real job, under ``autotune launch``) nothing is instal
 from __future__ import annotations
 
 import os
+import resource
 import time
 from typing import Any, TextIO
 
-__all__ = ["install", "report_loss"]
+__all__ = ["MEMORY_EVERY", "install", "report_loss"]
+
+#: Forward passes between two peak-memory lines (one ``getrusage`` or CUDA query each).
+MEMORY_EVERY = 8
 
 _OUT: dict[str, TextIO] = {}
 
@@ -42,11 +49,28 @@ def install(model: Any) -> bool:
     if out is None:
         return False
 
+    count = 0
+
     def stamp(module: Any, args: Any) -> None:  # on the script's hot path: one write
+        nonlocal count
         out.write(f"t {time.perf_counter()!r}\n")
+        if count % MEMORY_EVERY == 0:
+            out.write(f"m {_peak_mb(args):.1f}\n")
+        count += 1
 
     model.register_forward_pre_hook(stamp)
     return True
+
+
+def _peak_mb(args: Any) -> float:
+    """The rank's peak memory so far in MiB: CUDA's peak allocated when the forward's first
+    input is on a GPU, else the process's peak resident set (Linux reports KiB)."""
+    first = args[0] if isinstance(args, tuple) and args else None
+    if getattr(first, "is_cuda", False):
+        import torch
+
+        return torch.cuda.max_memory_allocated(first.device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def report_loss(loss: Any) -> None:

@@ -115,6 +115,7 @@ class Reports:
     path: Path
     stamps: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
+    peak_mb: float = 0.0
     _offset: int = 0
 
     def read(self) -> None:
@@ -136,6 +137,8 @@ class Reports:
                 self.stamps.append(x)
             elif kind == "l":
                 self.losses.append(x)
+            elif kind == "m":
+                self.peak_mb = max(self.peak_mb, x)
 
 
 def _last_line(log: Path) -> str:
@@ -172,11 +175,14 @@ def run_script(
     wrap_wait_s: float = WRAP_WAIT_S,
     cwd: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
+    max_memory_mb: float | None = None,
 ) -> TrialResult:
     """Run ``command`` once with ``config`` and measure it (see the module doc); raises
     ``TrialFailed``. The command's output goes to ``log_dir/script.log`` (a temporary file
     otherwise). ``env``: the environment the command starts from (this process's by
-    default; the driver's when this runs as a Ray task in the trial's placement group)."""
+    default; the driver's when this runs as a Ray task in the trial's placement group).
+    ``max_memory_mb``: a rank whose reported peak memory goes over it fails the trial
+    (``oom``), as ``--max-memory`` does for a built-in one."""
     from autotune.profile import Profile
 
     started = time.monotonic()
@@ -207,9 +213,12 @@ def run_script(
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
             try:
-                stamps, losses = _watch(proc, stream, reports, log, started, timeout_s, wrap_wait_s)
+                rank0 = _watch(proc, stream, reports, log, started, timeout_s, wrap_wait_s,
+                               max_memory_mb)  # fmt: skip
             finally:
                 _end(proc)
+        stamps, losses = rank0.stamps, rank0.losses
+        peak_mb = _peak_mb(reports, rank0, max_memory_mb)
         wall = time.monotonic() - started
         window_s = sum(stream.seconds)
         n = stream.steps_per_window * len(stream.windows)
@@ -230,9 +239,32 @@ def run_script(
             measure_s=window_s,
             loss=statistics.fmean(losses[-n:]) if losses else math.nan,
             loss_curve=loss_curve(losses, len(stamps), config.accumulation_steps),
-            peak_memory_mb=0.0,
+            peak_memory_mb=peak_mb,
         )
         return TrialResult(ranks=[rank], wall_s=wall)
+
+
+def _check_memory(rank: int, peak_mb: float, max_memory_mb: float | None) -> None:
+    if max_memory_mb is not None and peak_mb > max_memory_mb:
+        raise TrialFailed(
+            FailureReason.OOM,
+            f"rank {rank}: peak memory {peak_mb:.0f} MiB is over --max-memory "
+            f"{max_memory_mb:.0f} MiB",
+        )
+
+
+def _peak_mb(reports: Path, rank0: Reports, max_memory_mb: float | None) -> float:
+    """The largest peak memory any rank reported (rank 0's read as it ran, the others' files
+    read once now); over ``max_memory_mb`` it fails the trial."""
+    peak = rank0.peak_mb
+    for path in sorted(reports.glob("rank-*.steps")):
+        if path.name == "rank-0.steps":
+            continue
+        other = Reports(path)
+        other.read()
+        _check_memory(int(path.stem.removeprefix("rank-")), other.peak_mb, max_memory_mb)
+        peak = max(peak, other.peak_mb)
+    return peak
 
 
 def loss_curve(losses: Sequence[float], forwards: int, accumulation_steps: int) -> list[float]:
@@ -255,17 +287,20 @@ def _watch(
     started: float,
     timeout_s: float,
     wrap_wait_s: float,
-) -> tuple[list[float], list[float]]:
+    max_memory_mb: float | None = None,
+) -> Reports:
     """Poll rank 0's reports until ``stream`` is measured; raise ``TrialFailed`` when the
-    command exits first, reports nothing in ``wrap_wait_s``, or runs past ``timeout_s``."""
+    command exits first, reports nothing in ``wrap_wait_s``, runs past ``timeout_s``, or
+    reports a peak memory over ``max_memory_mb``."""
     rank0 = Reports(reports / "rank-0.steps")
     stamps, losses = rank0.stamps, rank0.losses
     while True:
         rank0.read()
+        _check_memory(0, rank0.peak_mb, max_memory_mb)
         if stream.feed(stamps):
             if losses and not all(math.isfinite(x) for x in losses[-8:]):
                 raise TrialFailed(FailureReason.NAN, f"the script reported loss {losses[-1]}")
-            return stamps, losses
+            return rank0
         code = proc.poll()
         elapsed = time.monotonic() - started
         if code is not None:

@@ -275,6 +275,7 @@ def test_a_seeded_script_repeats_its_loss_curve_and_an_unseeded_one_does_not(
         cfg = replace(config(), micro_batch=micro, accumulation_steps=accumulation_steps)
         cmd = [os.path.join(BIN, "torchrun"), "--nproc-per-node", "2", str(script)]
         r = run_script(cmd, cfg, world_size=2, measure=measure, timeout_s=120, cwd=tmp_path)
+        assert r.ranks[0].peak_memory_mb > 100  # a rank's peak resident set: torch alone is more
         return r.ranks[0].loss_curve
 
     reference = curve(seeded, 1)
@@ -282,4 +283,16 @@ def test_a_seeded_script_repeats_its_loss_curve_and_an_unseeded_one_does_not(
     value, steps = drift(curve(seeded, accumulation), reference)
     assert steps == 16 and value < 1e-3
     value, _ = drift(curve(unseeded, accumulation), reference)
-    assert value > 0.01  # 2-4 % measured: over ten times a seeded rerun's bound
+    assert value > 0.01  # 3.7 % in one run: over ten times a seeded rerun's bound
+
+
+def test_a_script_over_max_memory_fails_its_trial_as_oom(tmp_path):
+    """``--max-memory`` for a script: the peak memory the wrapped model reports."""
+    script = tmp_path / "train.py"
+    script.write_text(UNDERFLOW.replace("SEED", "0"))
+    cmd = [os.path.join(BIN, "torchrun"), "--nproc-per-node", "2", str(script)]
+    with pytest.raises(TrialFailed) as e:
+        run_script(cmd, config(), world_size=2, measure=MeasureSettings(), timeout_s=120,
+                   cwd=tmp_path, max_memory_mb=50)  # fmt: skip
+    assert e.value.reason == FailureReason.OOM
+    assert re.search(r"rank 0: peak memory \d+ MiB is over --max-memory 50 MiB", e.value.detail)

@@ -11,7 +11,8 @@ import pytest
 from autotune.config import MeasureSettings
 from autotune.errors import ConfigError
 from autotune.script_job import script_job
-from autotune.script_trial import Reports, StepStream
+from autotune.numerics import CURVE_STEPS
+from autotune.script_trial import Reports, StepStream, loss_curve
 from autotune.stats import Interval
 from autotune.studydef import StudyDefinition
 
@@ -57,6 +58,42 @@ def test_a_report_line_being_written_is_not_read(tmp_path):
     missing = Reports(tmp_path / "missing")
     missing.read()
     assert (missing.stamps, missing.losses) == ([], [])
+
+
+def test_the_wrapped_model_reports_its_steps_and_peak_memory(tmp_path, monkeypatch):
+    """What ``Profile.wrap`` installs in a trial: a stamp per forward pass, and every
+    ``MEMORY_EVERY``-th the peak memory, read back by the driver's ``Reports``."""
+    import resource
+
+    import torch
+
+    from autotune import script_report
+
+    monkeypatch.setenv("AUTOTUNE_REPORT_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(script_report, "_OUT", {})
+    model = torch.nn.Linear(4, 2)
+    assert script_report.install(model)
+    for _ in range(script_report.MEMORY_EVERY + 1):
+        script_report.report_loss(model(torch.ones(3, 4)).sum())
+    script_report._OUT[str(tmp_path)].flush()
+    r = Reports(tmp_path / "rank-0.steps")
+    r.read()
+    assert len(r.stamps) == len(r.losses) == script_report.MEMORY_EVERY + 1
+    lines = (tmp_path / "rank-0.steps").read_text().splitlines()
+    assert sum(x.startswith("m ") for x in lines) == 2  # the first forward and the 9th
+    now = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    assert 0.5 * now < r.peak_mb <= now + 1  # this process's peak resident set, in MiB
+
+
+def test_a_script_reporting_one_loss_per_micro_step_gives_one_value_per_optimizer_step():
+    losses = [float(k) for k in range(40)]
+    # 4 micro-steps per optimizer step, one loss each: means of 4
+    assert loss_curve(losses, 40, 4)[:3] == [1.5, 5.5, 9.5] and len(loss_curve(losses, 40, 4)) == 10
+    # one loss per optimizer step (10 of 40 forwards): read as it is, at most CURVE_STEPS
+    assert loss_curve(losses[:10], 40, 4) == losses[:10]
+    assert loss_curve(losses, 40, 1) == losses[:CURVE_STEPS]
+    assert loss_curve([], 40, 4) == []
 
 
 def definition(cmd: list[str], **settings) -> StudyDefinition:
