@@ -10,8 +10,8 @@ import pytest
 
 from autotune.config import MeasureSettings
 from autotune.errors import ConfigError
-from autotune.script_job import script_job
 from autotune.numerics import CURVE_STEPS
+from autotune.script_job import script_job
 from autotune.script_trial import Reports, StepStream, loss_curve
 from autotune.stats import Interval
 from autotune.studydef import StudyDefinition
