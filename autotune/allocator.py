@@ -28,6 +28,8 @@ import contextlib
 import ctypes
 from collections.abc import Mapping
 
+from autotune.values import int_range
+
 __all__ = ["ENV", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "legal_mmap", "legal_trim", "pin", "trim"]
 
 #: ``M_MMAP_THRESHOLD``: glibc's largest (32 MiB on 64-bit), so gradients, activations and
@@ -42,19 +44,10 @@ ENV: Mapping[str, str] = {MMAP_ENV: str(MMAP_THRESHOLD), TRIM_ENV: str(TRIM_THRE
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # malloc.h
 
 
-def _whole(v: object, hi: int) -> str | None:
-    ok = isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= hi
-    return None if ok else f"must be a whole number of bytes from 0 to {hi}"
-
-
-def legal_mmap(v: object) -> str | None:
-    """Why ``v`` is not a value for ``MALLOC_MMAP_THRESHOLD_`` (glibc's range), or None."""
-    return _whole(v, MMAP_THRESHOLD)
-
-
-def legal_trim(v: object) -> str | None:
-    """Why ``v`` is not a value for ``MALLOC_TRIM_THRESHOLD_``, or None."""
-    return _whole(v, 2**50)
+#: Why a value is not one for ``MALLOC_MMAP_THRESHOLD_`` (glibc's range), or None.
+legal_mmap = int_range(0, MMAP_THRESHOLD)
+#: Why a value is not one for ``MALLOC_TRIM_THRESHOLD_``, or None.
+legal_trim = int_range(0, 2**50)
 
 
 def pin(env: Mapping[str, str] = ENV) -> bool:

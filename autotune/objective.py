@@ -234,10 +234,12 @@ class Objective:
         if found is None:
             return None
         value, steps = found
+        # an fp32 trial's drift is the workload's own repeat error, not a verdict on it
+        attrs["numerics_drift" if changed else "fp32_drift"] = (
+            round(value, 5) if math.isfinite(value) else "inf"
+        )
         if not changed:
-            attrs["fp32_drift"] = round(value, 5) if math.isfinite(value) else "inf"
             return None
-        attrs["numerics_drift"] = round(value, 5) if math.isfinite(value) else "inf"
         tol = self.d.drift_tolerance
         if value <= tol or self.d.allow_drift:
             return None

@@ -218,7 +218,7 @@ def run_script(
             finally:
                 _end(proc)
         stamps, losses = rank0.stamps, rank0.losses
-        peak_mb = _peak_mb(reports, rank0, max_memory_mb)
+        peak_mb = _peak_of_ranks(reports, rank0, max_memory_mb)
         wall = time.monotonic() - started
         window_s = sum(stream.seconds)
         n = stream.steps_per_window * len(stream.windows)
@@ -253,7 +253,7 @@ def _check_memory(rank: int, peak_mb: float, max_memory_mb: float | None) -> Non
         )
 
 
-def _peak_mb(reports: Path, rank0: Reports, max_memory_mb: float | None) -> float:
+def _peak_of_ranks(reports: Path, rank0: Reports, max_memory_mb: float | None) -> float:
     """The largest peak memory any rank reported (rank 0's read as it ran, the others' files
     read once now); over ``max_memory_mb`` it fails the trial."""
     peak = rank0.peak_mb

@@ -20,8 +20,9 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 from pathlib import Path
+
+from script_mode import refused
 
 from autotune import allocator
 from autotune.config import TrialConfig
@@ -68,16 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--out", default="bench/results/allocator")
     a = p.parse_args(argv)
-    out = Path(a.out)
-    if out.exists() and any(out.iterdir()):
-        print(f"error: --out {out}: not empty; pick a new folder or remove it", file=sys.stderr)
+    out, torchrun = Path(a.out), shutil.which("torchrun")
+    if refused(out, torchrun):
         return 2
-    torchrun = shutil.which("torchrun")
-    if torchrun is None:
-        print("error: torchrun is not on PATH; activate the environment with torch",
-              file=sys.stderr)  # fmt: skip
-        return 2
-    out.mkdir(parents=True, exist_ok=True)
     profile = defaults_profile(out / "defaults.yaml")
     runs: dict[str, list[list[float]]] = {"dynamic": [], "pinned": []}
     for r in range(a.rounds):

@@ -40,6 +40,20 @@ from autotune.studydef import StudyDefinition
 SCRIPT = Path(__file__).resolve().parent / "mlp_script.py"
 
 
+def refused(out: Path, torchrun: str | None) -> bool:
+    """Say why a run cannot start (``--out`` not empty, no torchrun on ``PATH``) and return
+    True; otherwise create ``out`` and return False."""
+    if out.exists() and any(out.iterdir()):
+        print(f"error: --out {out}: not empty; pick a new folder or remove it", file=sys.stderr)
+        return True
+    if torchrun is None:
+        print("error: torchrun is not on PATH; activate the environment with torch",
+              file=sys.stderr)  # fmt: skip
+        return True
+    out.mkdir(parents=True, exist_ok=True)
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--budget", default="4m")
@@ -51,17 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.analyse:
         report(json.loads(Path(a.analyse).read_text()), Path(a.analyse).parent)
         return 0
-    out = Path(a.out)
-    if out.exists() and any(out.iterdir()):
-        print(f"error: --out {out}: not empty; pick a new folder or remove it", file=sys.stderr)
+    out, torchrun = Path(a.out), shutil.which("torchrun")
+    if refused(out, torchrun):
         return 2
-    torchrun = shutil.which("torchrun")
-    if torchrun is None:
-        print(
-            "error: torchrun is not on PATH; activate the environment with torch", file=sys.stderr
-        )
-        return 2
-    out.mkdir(parents=True, exist_ok=True)
     d = replace(StudyDefinition.load("default"), seed=a.seed, budget_s=parse_duration(a.budget))
     command = (torchrun, "--nproc-per-node", "2", str(SCRIPT))
     raw: dict[str, Any] = {"args": vars(a), "runs": []}
