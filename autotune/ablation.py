@@ -196,7 +196,7 @@ def _check_joint(
     )
     if done is None or done[1]:
         return {**out, "kept_back": True, "why": "a run of the check failed: kept"}
-    runs = done[0]
+    runs, _, timed_s = done
     k = min(len(runs[WINNER]), len(runs[REDUCED]))
     sp = speedup_ci(runs[WINNER][:k], runs[REDUCED][:k], CONFIDENCE)
     kept_back = sp.low > 1.0
@@ -204,4 +204,5 @@ def _check_joint(
     shown = f"{sp.median:.3f}x ({sp.low:.3f}-{sp.high:.3f})"
     why = f"the winner is {shown} itself without them - {verdict}"
     return {**out, "speedup": [sp.low, sp.median, sp.high], "kept_back": kept_back, "why": why,
-            "measurements": {k: [round(x, 2) for x in xs] for k, xs in runs.items()}}  # fmt: skip
+            "measurements": {k: [round(x, 2) for x in xs] for k, xs in runs.items()},
+            "timed_s": round(timed_s, 3)}  # fmt: skip

@@ -28,8 +28,8 @@ Written under ``--out``: ``raw.json`` (after every step: everything measured, so
 Ctrl-C loses nothing done), then ``contenders.csv`` (one row per contender), ``runs.csv`` (one
 row per tuning run), ``goals.json`` and ``ratios.png``.
 
-Budget efficiency of a run = seconds inside timed windows (search trials and re-validation
-runs) / the run's wall time from start to exported profile. Trial overhead = a trial's wall
+Budget efficiency of a run = seconds inside timed windows (search trials, re-validation and
+ablation runs) / the run's wall time from start to exported profile. Trial overhead = a trial's wall
 time outside its timed windows (process start when fresh, process group, model, warm-up,
 result transfer).
 """
@@ -88,6 +88,15 @@ def args_parser() -> argparse.ArgumentParser:
 # --- measuring ---------------------------------------------------------------------------
 
 
+def _after_search_timed_s(study: Any) -> float:
+    """Seconds inside the timed windows of the runs after the search: re-validation,
+    ablation and the ablation's joint check."""
+    validation = study.user_attrs.get("validation") or {}
+    ablation = study.user_attrs.get("ablation") or {}
+    joint = ablation.get("joint") or {}
+    return validation.get("timed_s", 0.0) + ablation.get("timed_s", 0.0) + joint.get("timed_s", 0.0)
+
+
 def tuning_run(
     d: StudyDefinition, out: Path, name: str, address: str | None, **changes: Any
 ) -> dict[str, Any]:
@@ -111,7 +120,7 @@ def tuning_run(
         if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and "window_s" in t.user_attrs
     ]
     validation = study.user_attrs.get("validation") or {}
-    timed = sum(t.user_attrs["window_s"] for t in measured) + validation.get("timed_s", 0.0)
+    timed = sum(t.user_attrs["window_s"] for t in measured) + _after_search_timed_s(study)
     profile = Profile.load(summary.profile_path)
     best = sorted(
         (t for t in study.trials if t.state == TrialState.COMPLETE), key=lambda t: -t.value
