@@ -63,6 +63,10 @@ class Target:
     """CPU cores available to one rank on its node (the upper bound for ``threads``)."""
     bf16: bool = False
     """The device runs bf16 autocast (any CPU; CUDA devices that report bf16 support)."""
+    bf16_native: bool = False
+    """bf16 matmuls run in hardware: a CUDA device that reports bf16 support, or a CPU with
+    AVX512-BF16 or AMX (``hardware.CPU_BF16_FLAGS``). Where not, bf16 autocast on a CPU is
+    legal but slow, and the designed start does not screen it."""
     tf32: bool = False
     """The device has TF32 tensor cores (CUDA compute capability 8.0 or newer)."""
     free_batch: bool = False

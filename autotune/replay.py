@@ -276,13 +276,15 @@ def replay(
         patience=patience,
         ablate=ablation,
     )
+    hardware = landscape.meta.get("hardware") or {}
     target = Target(
         backend="gloo",
         device="cpu",
         world_size=2,
         global_batch=128,
         cpus_per_rank=1,
-        bf16=False,
+        bf16=bool(hardware.get("bf16")),  # as recorded
+        bf16_native=bool(hardware.get("bf16_native")),
     )
     space = landscape.space().resolve(target)
     optuna.logging.set_verbosity(optuna.logging.ERROR)

@@ -77,9 +77,10 @@ PRIORS: tuple[Prior, ...] = (
     Prior(
         label="precision=bf16",
         moves={"precision": "bf16"},
-        when=lambda t: t.device == "cuda" and t.bf16,
-        reason="bf16 autocast runs matmuls on tensor cores and halves activation memory. Not "
-        "screened on CPUs: without AMX or AVX512-BF16 it ran about 20x slower than fp32 here",
+        when=lambda t: t.bf16 and t.bf16_native,
+        reason="bf16 autocast runs matmuls on tensor cores (or a CPU's AVX512-BF16/AMX units) and "
+        "halves activation memory. Not screened on CPUs without them: there it ran about 20x "
+        "slower than fp32",
     ),
     Prior(
         label="precision=tf32",

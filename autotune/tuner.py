@@ -346,6 +346,7 @@ def _place(
             # the CPUs the rank's bundle reserves, never more than its machine has
             cpus_per_rank=max(1, min(plan.cpus_per_rank, hw["cpus"] // ranks_per_node)),
             bf16=hw["bf16"],
+            bf16_native=bool(hw.get("bf16_native")),
             tf32=hw["tf32"],
             free_batch=d.free_batch,
             ranks_per_node=ranks_per_node,

@@ -83,7 +83,8 @@ def main() -> None:
         path.write_text(json.dumps(out, indent=None, separators=(",", ":")) + "\n")
 
     def runner() -> TrialRunner:
-        return TrialRunner(world_size=d.world_size or 2, backend="gloo")
+        # the study's placement: the lab study spreads its ranks one per node
+        return TrialRunner(world_size=d.world_size or 2, backend="gloo", strategy=d.placement)
 
     def measure(r: TrialRunner, config: TrialConfig, n: int) -> dict[str, Any]:
         t = time.monotonic() - started
@@ -119,13 +120,16 @@ def main() -> None:
             global_batch=workload.global_batch,
             cpus_per_rank=1,
             bf16=hw["bf16"],
+            bf16_native=bool(hw.get("bf16_native")),
         )
         resolved = space.resolve(target)
         defaults = resolved.defaults()
         grid = resolved.grid()
         base_point = {k: defaults[k] for k in grid}
         base_cfg = TrialConfig.from_values(defaults, target)
-        out["hardware"] = {k: hw.get(k) for k in ("device", "cpus", "torch", "bf16")}
+        out["hardware"] = {
+            k: hw.get(k) for k in ("device", "device_name", "cpus", "torch", "bf16", "bf16_native")
+        }
         out["grid"] = grid
         out["baseline_key"] = point_key(base_point)
         # The cold-baseline experiment.

@@ -298,3 +298,40 @@ def test_knobs_that_each_prove_nothing_alone_but_carry_the_gain_together_are_kep
             kept = study_profile(r.study).measured["ablation"]["knobs"]
             assert all(c["kept"] for c in kept.values()), kept
     assert joints, "some winner carried both redundant switches"
+
+
+def _cpu_target(native: bool):
+    from autotune.knobs import Target
+
+    return Target(backend="gloo", device="cpu", world_size=2, global_batch=128,
+                  cpus_per_rank=1, bf16=True, bf16_native=native)  # fmt: skip
+
+
+def test_bf16_is_screened_first_on_a_cpu_with_bf16_units_and_not_on_one_without():
+    from autotune.screening import applicable
+    from autotune.space import SearchSpace
+
+    space = SearchSpace.load("default")
+    with_units = [p.label for p, _ in applicable(space.resolve(_cpu_target(True)))]
+    without = [p.label for p, _ in applicable(space.resolve(_cpu_target(False)))]
+    assert with_units[0] == "precision=bf16"
+    assert "precision=bf16" not in without
+    assert with_units[1:] == without  # nothing else changes
+    # without the units bf16 stays in the space for the sampler: legal, only not screened
+    assert "bf16" in space.resolve(_cpu_target(False)).grid()["precision"]
+
+
+def test_the_cpu_flags_say_whether_bf16_runs_in_hardware(tmp_path):
+    from autotune.hardware import CPU_BF16_FLAGS, _cpuinfo
+
+    def cpuinfo(flags: str) -> tuple[str | None, frozenset[str]]:
+        f = tmp_path / "cpuinfo"
+        f.write_text(f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: {flags}\n\n"
+                     f"processor\t: 1\nmodel name\t: Some CPU\nflags\t\t: {flags}\n")  # fmt: skip
+        return _cpuinfo(str(f))
+
+    name, flags = cpuinfo("fpu sse avx2 avx512f avx512_bf16")
+    assert name == "Some CPU" and flags & CPU_BF16_FLAGS
+    assert cpuinfo("fpu sse amx_tile amx_bf16")[1] & CPU_BF16_FLAGS
+    assert not cpuinfo("fpu sse avx2 avx512f")[1] & CPU_BF16_FLAGS  # AVX-512 alone is not it
+    assert _cpuinfo(str(tmp_path / "missing")) == (None, frozenset())
