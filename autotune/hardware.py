@@ -9,7 +9,7 @@ from typing import Any
 __all__ = ["describe", "differences", "nvlink_active"]
 
 #: The ``hardware`` keys that a profile's measurements depend on.
-COMPARED = ("device", "device_name", "device_count", "torch", "cuda", "nccl")
+COMPARED = ("device", "device_name", "device_count", "torch", "cuda", "nccl", "bf16_native")
 
 
 def describe(backend: str) -> dict[str, Any]:
@@ -35,7 +35,7 @@ def describe(backend: str) -> dict[str, Any]:
             capability=f"{props.major}.{props.minor}",
             memory_gib=round(props.total_memory / 2**30, 1),
             bf16=bool(torch.cuda.is_bf16_supported()),
-            bf16_native=bool(torch.cuda.is_bf16_supported()),
+            bf16_native=bool(torch.cuda.is_bf16_supported(including_emulation=False)),
             tf32=props.major >= 8,
             cuda=torch.version.cuda,
             nccl=".".join(map(str, torch.cuda.nccl.version())),
@@ -58,8 +58,9 @@ def describe(backend: str) -> dict[str, Any]:
 
 #: /proc/cpuinfo flags of CPUs whose instruction set has bf16 dot products (AVX512-BF16,
 #: AMX): oneDNN runs bf16 matmuls on them. Without either, bf16 autocast ran about 20x slower
-#: than fp32 on this project's 2-core AVX2 machine; with AVX512-BF16 it ran 1.15-1.19x faster
-#: on the default study (docs/search.md, the designed start).
+#: than fp32 on the default study (a 2-core AVX2 machine); with AVX512-BF16 its screening
+#: trial ran 1.34x the defaults (docs/benchmark.md, the 10-minute side-by-side runs). Only
+#: x86 flags are read: an ARM CPU reads as without (bf16 is then left to the sampler).
 CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 

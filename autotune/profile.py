@@ -7,7 +7,7 @@ same strict loader (``Profile.load``) that the user's training script uses::
     study:     {name, best_trial, baseline_trial}
     workload:  {trainer, options, world_size, backend, global_batch}
     hardware:  {device, device_name, device_count, node_count, torch, cuda, driver, nccl,
-                nvlink}
+                nvlink, bf16_native}
     measured:  {baseline_samples_per_s, best_samples_per_s, speedup, speedup_interval,
                 interval, validation, trials, budget, tuning_s, note, numerics_drift?,
                 baseline_peak_memory_mb?, pareto?, batch_changed?, baseline_runs?,

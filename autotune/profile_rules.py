@@ -56,6 +56,7 @@ SECTIONS = {
         "driver",
         "nccl",
         "nvlink",
+        "bf16_native",
     ),  # fmt: skip
     "measured": (
         "baseline_samples_per_s",

@@ -63,9 +63,8 @@ from autotune.studydef import StudyDefinition
 
 HERE = Path(__file__).resolve().parent
 #: The issue's goals.
-GOAL_ORACLE_SHARE = 0.97  # tuner's exported profile >= 97 % of the oracle in >= 4 of 5 seeds
-GOAL_SEED_SHARE = 0.8  # the share of seeds both goals above and below ask for
-GOAL_WIN_SHARE = 0.8  # tuner beats or ties random search in >= 4 of 5 seeds
+GOAL_ORACLE_SHARE = 0.97  # tuner's exported profile >= 97 % of the oracle ...
+GOAL_SEED_SHARE = 0.8  # ... in >= 4 of 5 seeds; and it beats or ties random search in as many
 GOAL_REPRODUCE = 0.10  # exported speedup within +-10 % of the re-measured one
 GOAL_OVERHEAD_S = 2.0  # median trial overhead
 GOAL_EFFICIENCY = 0.70  # timed seconds / wall seconds
@@ -419,26 +418,25 @@ def analyse(raw: dict[str, Any]) -> dict[str, Any]:
     overheads = [o for r in tuners for o in r["overheads_s"]]
     reproduced = [r["reproduces"] for r in tuners if r["reproduces"] is not None]
     n = len(tuners)
+    need = math.ceil(GOAL_SEED_SHARE * n)
+    at_97 = sum(s >= GOAL_ORACLE_SHARE for s in shares)
+    beats_or_ties = n - vs_random["losses_beyond_noise"] - vs_random["n/a"]
+    first_ratios = [r["first_baseline_ratio"] for r in runs.values()]
+    first_ratios = [x for x in first_ratios if x is not None]  # None: nothing to judge it by
     goals = {
         "oracle": oracle,
         "oracle_is_defaults": oracle is not None and keys[oracle] == keys["defaults"],
         "tuner_share_of_oracle": [round(s, 3) for s in shares],
-        "tuner_at_97pct_of_oracle": f"{sum(s >= GOAL_ORACLE_SHARE for s in shares)}/{len(shares)}",
-        "tuner_at_97pct_goal_met": sum(s >= GOAL_ORACLE_SHARE for s in shares)
-        >= math.ceil(GOAL_SEED_SHARE * n),
+        "tuner_at_97pct_of_oracle": f"{at_97}/{len(shares)}",
+        "tuner_at_97pct_goal_met": None if not shares else at_97 >= need,
         "tuner_vs_random": vs_random,
-        "tuner_beats_or_ties_random_goal_met": n
-        - vs_random["losses_beyond_noise"]
-        - vs_random["n/a"]
-        >= math.ceil(GOAL_WIN_SHARE * n),
+        "tuner_beats_or_ties_random_goal_met": None if not n else beats_or_ties >= need,
         "first_baseline_over_later_defaults": {
             r["name"]: r["first_baseline_ratio"] for r in runs.values()
         },
-        "first_baseline_goal_met": all(
-            abs(r["first_baseline_ratio"] - 1) <= GOAL_FIRST_BASELINE
-            for r in runs.values()
-            if r["first_baseline_ratio"] is not None
-        ),
+        "first_baseline_goal_met": None
+        if not first_ratios
+        else all(abs(x - 1) <= GOAL_FIRST_BASELINE for x in first_ratios),
         "tuner_exported_defaults": f"{sum(r['exported_defaults'] for r in tuners)}/{n}",
         "reproduces_within_10pct": f"{sum(reproduced)}/{len(reproduced)} runs that exported "
         "a change",
@@ -509,7 +507,8 @@ def report(raw: dict[str, Any], result: dict[str, Any], out: Path) -> None:
     run_cols = ["name", "sampler", "seed", "budget_s", "wall_s", "trials", "complete", "pruned",
                 "failed", "overhead_median_s", "timed_s", "efficiency", "search_best",
                 "search_best_speedup", "exported_speedup", "exported_defaults", "share_of_ideal",
-                "remeasured_speedup", "reproduces"]  # fmt: skip
+                "remeasured_speedup", "reproduces", "first_baseline",
+                "first_baseline_ratio"]  # fmt: skip
     with open(out / "runs.csv", "w", newline="") as f:
         w = csv.DictWriter(f, run_cols, extrasaction="ignore")
         w.writeheader()

@@ -20,7 +20,7 @@ def bench():
     return mod
 
 
-def run(name, sampler, seed, exported, overheads=(2.0, 3.0, 4.0), efficiency=0.7):
+def run(name, sampler, seed, exported, overheads=(2.0, 3.0, 4.0), efficiency=0.75):
     return {"name": name, "sampler": sampler, "seed": seed, "exported_speedup": exported,
             "overheads_s": list(overheads), "efficiency": efficiency, "trials": 10,
             "pruned": 2, "failed": 0, "overhead_median_s": 3.0}  # fmt: skip
@@ -96,6 +96,32 @@ def test_overhead_and_efficiency_goals(bench):
     g = bench.analyse(raw_data())["goals"]
     assert g["median_trial_overhead_s"] == 4.0  # the tuner runs' trials: 2, 3, 4, 5, 6
     assert g["overhead_goal_met"] is False and g["efficiency_goal_met"] is True
+    raw = raw_data()
+    for r in raw["runs"]:
+        r["efficiency"] = 0.65
+    assert bench.analyse(raw)["goals"]["efficiency_goal_met"] is False  # goal: 70 %
+
+
+def test_the_oracle_share_goal_needs_four_of_five(bench):
+    g = bench.analyse(raw_data())["goals"]
+    assert g["tuner_at_97pct_goal_met"] is False  # 1 of 2 seeds at >= 97 %
+    raw = raw_data()
+    raw["samples"]["tuner-s1"] = [120.5, 125.0, 117.0]  # now both within 1 % of the oracle
+    assert bench.analyse(raw)["goals"]["tuner_at_97pct_goal_met"] is True
+
+
+def test_without_runs_of_the_defaults_the_first_baseline_goal_is_not_judged(bench):
+    assert bench.analyse(raw_data())["goals"]["first_baseline_goal_met"] is None
+
+
+def test_efficiency_counts_the_timed_windows_after_the_search(bench):
+    class Study:
+        user_attrs = {"validation": {"timed_s": 30.0},
+                      "ablation": {"timed_s": 20.0, "joint": {"timed_s": 5.0}}}  # fmt: skip
+
+    assert bench._after_search_timed_s(Study()) == 55.0
+    Study.user_attrs = {"validation": {"timed_s": 30.0}, "ablation": {"joint": None}}
+    assert bench._after_search_timed_s(Study()) == 30.0
 
 
 def test_a_loss_beyond_the_noise_counts_against_beats_or_ties(bench):

@@ -335,3 +335,29 @@ def test_the_cpu_flags_say_whether_bf16_runs_in_hardware(tmp_path):
     assert cpuinfo("fpu sse amx_tile amx_bf16")[1] & CPU_BF16_FLAGS
     assert not cpuinfo("fpu sse avx2 avx512f")[1] & CPU_BF16_FLAGS  # AVX-512 alone is not it
     assert _cpuinfo(str(tmp_path / "missing")) == (None, frozenset())
+
+
+def test_a_landscape_recorded_on_bf16_units_gets_bf16_screened_first():
+    grid = {**GRID, "precision": ["fp32", "bf16"]}
+    names = sorted(grid)
+    runs = {}
+    for combo in itertools.product(*(grid[n] for n in names)):
+        point = dict(zip(names, combo, strict=True))
+        v = 500.0 * (1.3 if point["precision"] == "bf16" else 1.0)
+        runs[point_key(point)] = [Run([v] * 4, 2.0, 4.0), Run([v] * 4, 2.0, 4.0)]
+    base = point_key({**BASE, "precision": "fp32"})
+    for native, first in ((True, "precision=bf16"), (False, "static_graph=True")):
+        hw = {"hardware": {"device": "cpu", "bf16": True, "bf16_native": native}}
+        r = replay(Landscape(grid, runs, base, meta=hw), seed=0, n_trials=10)
+        assert r.study.trials[1].user_attrs["screen"] == first, native
+
+
+def test_the_probe_reads_the_cpu_flags(monkeypatch):
+    from autotune import hardware
+
+    monkeypatch.setattr(hardware, "_cpuinfo", lambda: ("Some CPU", frozenset({"amx_bf16"})))
+    got = hardware.describe("gloo")
+    assert got["device_name"] == "Some CPU" and got["bf16_native"] is True
+    monkeypatch.setattr(hardware, "_cpuinfo", lambda: (None, frozenset({"avx2"})))
+    got = hardware.describe("gloo")
+    assert got["bf16_native"] is False and got["device_name"]  # platform's name instead
