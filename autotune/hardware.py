@@ -59,7 +59,7 @@ def describe(backend: str) -> dict[str, Any]:
 #: /proc/cpuinfo flags of CPUs whose instruction set has bf16 dot products (AVX512-BF16,
 #: AMX): oneDNN runs bf16 matmuls on them. Without either, bf16 autocast ran about 20x slower
 #: than fp32 on the default study (a 2-core AVX2 machine); with AVX512-BF16 its screening
-#: trial ran 1.34x the defaults (docs/benchmark.md, the 10-minute side-by-side runs). Only
+#: trials ran 1.33-1.44x the defaults (docs/benchmark.md, the 10-minute side-by-side runs). Only
 #: x86 flags are read: an ARM CPU reads as without (bf16 is then left to the sampler).
 CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
