@@ -77,4 +77,5 @@ def report_loss(loss: Any) -> None:
     """Hand a step's loss to the driver (for the NaN check and the numerics guard)."""
     out = _file()
     if out is not None:
-        out.write(f"l {float(loss)!r}\n")
+        value = loss.detach() if hasattr(loss, "detach") else loss  # a tensor of the graph
+        out.write(f"l {float(value)!r}\n")
