@@ -28,9 +28,10 @@ MEDIAN_SHARE = 0.98
 P10_SHARE = 0.97
 
 
-@pytest.fixture(scope="module")
-def table():
-    land = Landscape.load(LANDSCAPE)
+def replayed(path):
+    """Random search and the tuner as shipped, replayed on the landscape at ``path`` for
+    ``SEEDS`` seeds of ``TRIALS`` trials: ``summarise``'s table."""
+    land = Landscape.load(path)
     results = []
     for seed in range(SEEDS):
         for name, sampler, screening in (("random", "random", False), ("tuner", "tpe", True)):
@@ -38,6 +39,11 @@ def table():
             results.append({"strategy": name, "seed": seed, "value": r.value, "share": r.share,
                             "trials": r.trials})  # fmt: skip
     return summarise(results)
+
+
+@pytest.fixture(scope="module")
+def table():
+    return replayed(LANDSCAPE)
 
 
 def test_the_landscape_is_what_the_benchmark_says():
@@ -77,14 +83,7 @@ def test_on_the_lab_landscape_the_tuner_does_at_least_as_well_as_random_search()
     views, bf16). ``python bench/replay.py --landscape bench/landscapes/lab-1gbit.json`` measured
     median share 0.994, 83 % of seeds at >= 0.98, and 37/49/14 % wins/ties/losses against
     random search, which with 15 trials covers much of 24 points; the line sits just under."""
-    land = Landscape.load(LAB)
-    results = []
-    for seed in range(SEEDS):
-        for name, sampler, screening in (("random", "random", False), ("tuner", "tpe", True)):
-            r = replay(land, seed=seed, sampler=sampler, screening=screening, n_trials=TRIALS)
-            results.append({"strategy": name, "seed": seed, "value": r.value, "share": r.share,
-                            "trials": r.trials})  # fmt: skip
-    table = summarise(results)
+    table = replayed(LAB)
     tuner, rand = table["tuner"], table["random"]
     assert tuner["median_share"] >= 0.99, tuner
     assert tuner["at_98"] >= 0.80 and tuner["at_98"] > rand["at_98"], table
