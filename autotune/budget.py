@@ -71,7 +71,7 @@ class Budget:
         self._lock = threading.Lock()
         self._walls: list[float] = []  # wall seconds of each search trial
         # What a re-validation run of each measured trial would take (its overhead and
-        # min_windows of its windows): re-validation runs are that short.
+        # rerun_windows of its windows): re-validation runs are that short.
         self._rerun_walls: list[float] = []
         #: Runs kept for the limit probes at the end (``autotune.limit``): two, each about
         #: as long as a re-validation run, when the study measures the limit.

@@ -142,6 +142,9 @@ class MeasureSettings:
     """Stop once the interval's half-width is at most this fraction of the median."""
     prune_after: int = 2
     """Windows measured before a trial may be pruned."""
+    rerun_windows: int = 3
+    """Windows of each re-measurement run (re-validation, ablation): a fixed number, no stop
+    or prune rule."""
 
     FLOORS: ClassVar[tuple[tuple[str, int | str], ...]] = (
         ("settle_window", 1),
@@ -151,6 +154,7 @@ class MeasureSettings:
         ("min_windows", 1),
         ("max_windows", "min_windows"),
         ("prune_after", 2),
+        ("rerun_windows", 2),
     )
     """Each field's least value beyond >= 0, a number or the field it may not go below: the
     rules of ``autotune.stats`` (a study asks more: two windows for an interval)."""
@@ -183,10 +187,10 @@ class MeasureSettings:
         )
 
     def rerun(self) -> MeasureSettings:
-        """The settings of a re-measurement run (re-validation, ablation): ``min_windows``
+        """The settings of a re-measurement run (re-validation, ablation): ``rerun_windows``
         windows. The noise of such a comparison is between runs, so short runs in more
         rounds say more than long runs in few."""
-        return replace(self, max_windows=self.min_windows)
+        return replace(self, min_windows=self.rerun_windows, max_windows=self.rerun_windows)
 
     def stop_rule(self) -> Any:
         from autotune.stats import StopRule

@@ -74,8 +74,9 @@ def export_profile(
 
 def screening_effects(study: optuna.Study) -> dict[str, dict[str, Any]]:
     """The screening's effects as the profile records them: per prior, its speedup over the
-    defaults (None when it did not complete) and whether it helped. The study may be someone
-    else's: anything but numbers and flags is left out."""
+    defaults (None when it did not complete), whether it helped (cleared ``HELPS``: it was
+    combined) and, when known, its trial's noise (the 95 % interval's relative half-width).
+    The study may be someone else's: anything but numbers and flags is left out."""
     raw = study.user_attrs.get("screening")
     out: dict[str, dict[str, Any]] = {}
     if not isinstance(raw, dict):
@@ -86,6 +87,10 @@ def screening_effects(study: optuna.Study) -> dict[str, dict[str, Any]]:
         sp = x.get("speedup")
         ok = isinstance(sp, (int, float)) and not isinstance(sp, bool)
         out[label] = {"speedup": sp if ok else None, "helps": x.get("helps") is True}
+        ci = x.get("interval")
+        noise = ci.get("rel_half_width") if isinstance(ci, dict) else None
+        if isinstance(noise, (int, float)) and not isinstance(noise, bool) and 0 <= noise < 10:
+            out[label]["noise"] = round(float(noise), 4)
     return out
 
 

@@ -161,7 +161,7 @@ class Objective:
                 trial.report(w, i)  # the dashboard's intermediate values: one per window
         per_window = result.window_s / len(result.windows)
         self.budget.trial_done(
-            self.budget.now() - t0, result.overhead_s + self.d.measure.min_windows * per_window
+            self.budget.now() - t0, result.overhead_s + self.d.measure.rerun_windows * per_window
         )
         if drifted is not None:  # over pruning too: the more telling verdict
             self._fail(trial, drifted, changes)

@@ -23,6 +23,7 @@ from rich.text import Text
 from autotune import events as ev
 from autotune.durations import format_duration
 from autotune.knobs import changed_knobs
+from autotune.screening import verdict
 from autotune.study_record import baseline_trial, complete, failure_reasons
 
 __all__ = ["RunView", "changed_settings", "failure_line", "format_changes", "summary_table"]
@@ -207,12 +208,8 @@ def _screening_lines(e: ev.ScreeningDone) -> list[Text]:
             continue
         ci = x.get("interval") or {}
         pm = 100 * ci.get("rel_half_width", 0.0) if isinstance(ci, dict) else 0.0
-        if x["helps"]:
-            mark = ("helps", "green")
-        elif x["state"] == "PRUNED":
-            mark = ("clearly below the defaults (pruned)", "dim")
-        else:
-            mark = ("no gain beyond the noise", "dim")
+        said = verdict(x)
+        mark = (said, "green" if said == "helps" else "yellow" if x["helps"] else "dim")
         lines.append(Text.assemble(f"  {x['label']:<30} {x['speedup']:5.2f}x ±{pm:.1f}%  ", mark))
     if e.combined:
         lines.append(Text(f"Next: the helpful knobs combined ({', '.join(e.combined)})"))

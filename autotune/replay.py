@@ -148,6 +148,7 @@ class ReplayMeasurer:
         self.landscape, self.study, self.space, self.d = landscape, study, space, definition
         self.rng = rng
         self.clock = 0.0
+        self.timed_s = 0.0  # simulated seconds inside timed windows
         self.runner = _Runner()
         self.runners = [self.runner]
         self._cold = cold_first
@@ -206,6 +207,7 @@ class ReplayMeasurer:
         window_s = per_window * len(windows)
         wall = run.overhead_s + window_s
         self.clock += wall
+        self.timed_s += window_s
         steps = max(1, round(window_s * statistics.median(windows) / config.global_batch))
         rank = RankResult(
             rank=0,
@@ -241,6 +243,8 @@ class ReplayResult:
     trials: int
     seconds: float
     """Simulated seconds from the first trial to the exported profile."""
+    timed_s: float = 0.0
+    """Of them, the seconds inside timed windows (trials, re-validation, ablation)."""
     study: optuna.Study | None = field(default=None, repr=False, compare=False)
     """The replayed study (its trials, the screening summary, the re-validation)."""
 
@@ -260,13 +264,18 @@ def replay(
     storage: optuna.storages.BaseStorage | None = None,
     emit: Emit = ignore,
     study: str = "default",
+    rerun_windows: int | None = None,
 ) -> ReplayResult:
     """One ``autotune run`` of ``study`` replayed on ``landscape``: ``n_trials`` trials (the
     baseline included) or ``budget_s`` simulated seconds, whichever ends first, then
     re-validation and the export's choice. ``storage``: resume the study ``replay`` there
-    (a new in-memory one by default)."""
+    (a new in-memory one by default). ``rerun_windows``: the re-measurement runs' windows
+    (``MeasureSettings.rerun_windows``) instead of the study's."""
+    base = StudyDefinition.load(study)
+    if rerun_windows is not None:
+        base = replace(base, measure=replace(base.measure, rerun_windows=rerun_windows))
     d = replace(
-        StudyDefinition.load(study),
+        base,
         sampler=sampler,
         seed=seed,
         n_trials=n_trials,
@@ -323,6 +332,7 @@ def replay(
         share=value / landscape.oracle()[1],
         trials=sum(t.state.is_finished() for t in st.trials),
         seconds=measure.clock,
+        timed_s=measure.timed_s,
         study=st,
     )
 
@@ -342,6 +352,10 @@ def summarise(results: list[dict[str, Any]], bar: str = "random") -> dict[str, d
             "at_98": round(sum(s >= 0.98 for s in shares) / len(shares), 3),
             "median_trials": statistics.median(r["trials"] for r in runs.values()),
         }
+        if all("efficiency" in r for r in runs.values()):
+            row["median_efficiency"] = round(
+                statistics.median(r["efficiency"] for r in runs.values()), 3
+            )
         if bar in by and name != bar:
             w = t = lo = 0
             for seed, r in runs.items():

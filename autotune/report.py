@@ -33,6 +33,7 @@ from autotune.report_figures import (
     limit_figures,
     limit_section,
 )
+from autotune.screening import verdict
 from autotune.study_record import (
     baseline_trial,
     complete,
@@ -361,9 +362,9 @@ def _html(report: Report) -> str:
         parts.append("<h2>Screening: each knob moved alone from the defaults</h2>")
         parts.append(
             html_table(
-                ["knob", "speedup vs the defaults", "helps"],
+                ["knob", "speedup vs the defaults", "trial's noise (±)", "verdict"],
                 [
-                    [k, _fmt(x["speedup"], ".3f"), "yes" if x["helps"] else "no"]
+                    [k, _fmt(x["speedup"], ".3f"), _fmt(x.get("noise"), ".1%"), verdict(x)]
                     for k, x in ranked_fx
                 ],
             )  # fmt: skip

@@ -45,7 +45,7 @@ from autotune.knobs import Target
 from autotune.space import ResolvedSpace, contains
 from autotune.study_record import anchors, enqueue_anchor, throughput
 
-__all__ = ["HELPS", "PRIORS", "Prior", "Screening", "applicable"]
+__all__ = ["HELPS", "PRIORS", "Prior", "Screening", "applicable", "verdict"]
 
 #: The ``anchor`` attribute of the run of the defaults that closes the screening.
 AGAIN = "after screening"
@@ -146,6 +146,29 @@ def applicable(space: ResolvedSpace) -> list[tuple[Prior, dict[str, Any]]]:
         if params is not None and params != space.baseline_params():
             out.append((prior, params))
     return out
+
+
+def verdict(effect: dict[str, Any]) -> str:
+    """What a screening effect says, in words: ``helps`` only when the gain is beyond the
+    trial's own noise (its speedup at the low end of its 95 % interval still above 1; the
+    defaults' runs have noise too, so even that is optimistic); ``may help (within its
+    noise)`` when it cleared ``HELPS`` but not that - it is still combined, the combination
+    and the re-validation decide; else below or no gain. ``effect``: a ``_summary`` entry or
+    ``export.screening_effects``' (``noise``: the interval's relative half-width)."""
+    speedup = effect.get("speedup")
+    if not isinstance(speedup, (int, float)) or isinstance(speedup, bool):
+        return str(effect.get("state", "not measured")).lower()
+    noise = effect.get("noise")
+    interval = effect.get("interval")
+    if noise is None and isinstance(interval, dict):
+        noise = interval.get("rel_half_width")
+    if not isinstance(noise, (int, float)) or isinstance(noise, bool):
+        noise = 0.0
+    if effect.get("helps") is True:
+        return "helps" if speedup * (1 - noise) > 1 else "may help (within its noise)"
+    if effect.get("state") == "PRUNED":
+        return "clearly below the defaults (pruned)"
+    return "no gain beyond the noise"
 
 
 def _combine(summary: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -3,9 +3,10 @@ interleaved (A, B, C, A, ...), and the winner chosen from those numbers only
 (``autotune.stats.choose``). The search's best value is biased upwards (the maximum of many
 noisy measurements); these runs are not.
 
-Each run measures ``min_windows`` windows: the comparison's noise is between runs (the machine
-drifts), not between the windows of one run, so short runs in more rounds say more than long
-runs in few. Called from the main thread after the search, on the first placement group.
+Each run measures ``rerun_windows`` windows (``MeasureSettings.rerun``): the comparison's
+noise is between runs (the machine drifts), not between the windows of one run, so short runs
+in more rounds say more than long runs in few (docs/search.md weighs 3 windows against 4).
+Called from the main thread after the search, on the first placement group.
 """
 
 from __future__ import annotations

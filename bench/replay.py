@@ -62,13 +62,16 @@ def args_parser() -> argparse.ArgumentParser:
         help="comma-separated; 'grid' measures every point once: the reference, not a contender",
     )
     p.add_argument("--cold-first", action="store_true", help="the first baseline reads cold")
+    p.add_argument(
+        "--rerun-windows", type=int, help="windows per re-measurement run (default: the study's)"
+    )
     p.add_argument("--jobs", type=int, default=2, help="processes")
     p.add_argument("--out", help="write every replay here (JSON)")
     return p
 
 
-def one(job: tuple[str, str, int, int, float, bool]) -> dict[str, Any]:
-    path, strategy, seed, trials, budget, cold = job
+def one(job: tuple[str, str, int, int, float, bool, int | None]) -> dict[str, Any]:
+    path, strategy, seed, trials, budget, cold, rerun_windows = job
     sampler, screening = STRATEGIES[strategy]
     land = Landscape.load(path)
     if strategy in UNLIMITED:
@@ -81,15 +84,28 @@ def one(job: tuple[str, str, int, int, float, bool]) -> dict[str, Any]:
         n_trials=trials,
         budget_s=budget,
         cold_first=cold,
+        rerun_windows=rerun_windows,
     )
     return {"strategy": strategy, "seed": seed, "exported": r.exported, "value": r.value,
-            "share": r.share, "trials": r.trials, "seconds": r.seconds}  # fmt: skip
+            "share": r.share, "trials": r.trials, "seconds": r.seconds,
+            "efficiency": r.timed_s / r.seconds if r.seconds else 0.0}  # fmt: skip
 
 
 def run_all(
-    path: str, strategies: list[str], seeds: int, trials: int, budget: float, cold: bool, jobs: int
+    path: str,
+    strategies: list[str],
+    seeds: int,
+    trials: int,
+    budget: float,
+    cold: bool,
+    jobs: int,
+    rerun_windows: int | None = None,
 ) -> list[dict[str, Any]]:
-    todo = [(path, s, seed, trials, budget, cold) for seed in range(seeds) for s in strategies]
+    todo = [
+        (path, s, seed, trials, budget, cold, rerun_windows)
+        for seed in range(seeds)
+        for s in strategies
+    ]
     if jobs <= 1:
         return [one(j) for j in todo]
     with ProcessPoolExecutor(jobs) as pool:
@@ -109,17 +125,22 @@ def main() -> None:
           f"samples/s ({value / base:.2f}x the defaults' {base:.1f}); cold first baseline "
           f"{land.cold_ratio:.2f}x the warm one")  # fmt: skip
     started = time.monotonic()
-    results = run_all(a.landscape, strategies, a.seeds, a.trials, a.budget, a.cold_first, a.jobs)
+    results = run_all(
+        a.landscape, strategies, a.seeds, a.trials, a.budget, a.cold_first, a.jobs,
+        a.rerun_windows,
+    )  # fmt: skip
     table = summarise(results)
     print(f"{a.seeds} seeds x {len(strategies)} strategies, {a.trials} trials each, "
           f"{time.monotonic() - started:.0f} s")  # fmt: skip
-    head = ["strategy", "median share", "p10 share", ">=0.98", "vs random (W/T/L)", "beats"]
+    head = ["strategy", "median share", "p10 share", ">=0.98", "vs random (W/T/L)", "beats",
+            "trials", "efficiency"]  # fmt: skip
     print(" | ".join(head))
     for name, row in table.items():
         vs = f"{row['wins']}/{row['ties']}/{row['losses']}" if "wins" in row else "-"
         beats = f"{row['win_share']:.0%}" if row.get("win_share") is not None else "-"
         print(f"{name} | {row['median_share']:.3f} | {row['p10_share']:.3f} | "
-              f"{row['at_98']:.0%} | {vs} | {beats}")  # fmt: skip
+              f"{row['at_98']:.0%} | {vs} | {beats} | {row['median_trials']} | "
+              f"{row.get('median_efficiency', 0):.0%}")  # fmt: skip
     if a.out:
         Path(a.out).write_text(json.dumps({"summary": table, "runs": results}, indent=1))
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from optuna.trial import TrialState
 
 from autotune.replay import Landscape, Run, point_key, replay
@@ -197,11 +198,40 @@ def test_the_profile_records_every_run_of_the_defaults_and_the_screened_effects(
     profile = study_profile(r.study)
     m = profile.measured
     assert m["baseline_runs"] == [500.0, 500.0]  # the baseline, the defaults after screening
-    assert m["screening"]["static_graph=True"] == {"speedup": 1.1, "helps": True}
+    assert m["screening"]["static_graph=True"] == {"speedup": 1.1, "helps": True, "noise": 0.0}
     assert m["screening"]["comm_hook=fp16"]["helps"] is False
     # what is written is read back by the profile's strict loader
     again = Profile.load(profile.save(tmp_path / "p.yaml"))
     assert again.measured["screening"] == m["screening"]
+
+
+def test_a_screened_gain_within_its_own_noise_is_not_called_help():
+    from autotune.events import ScreeningDone
+    from autotune.export import screening_effects
+    from autotune.progress import _screening_lines
+    from autotune.screening import verdict
+
+    def said(noise: float) -> dict[str, str]:
+        r = replay(landscape(TWO_HELP, noise=noise), seed=0, n_trials=12)
+        effects = r.study.user_attrs["screening"]
+        recorded = screening_effects(r.study)  # the profile's and the report's copy
+        assert {k: verdict(x) for k, x in recorded.items()} == {
+            k: verdict(x) for k, x in effects.items() if x["state"] != "PRUNED"
+        } | {k: "no gain beyond the noise" for k, x in effects.items() if x["state"] == "PRUNED"}
+        lines = [str(t) for t in _screening_lines(ScreeningDone(effects=list(effects.values())))]
+        out = {k: verdict(x) for k, x in effects.items()}
+        for k, v in out.items():  # the run's summary says the same
+            assert any(k in line and line.rstrip().endswith(v) for line in lines), (k, lines)
+        return out
+
+    quiet = said(0.0)
+    assert quiet["static_graph=True"] == "helps"  # 1.10x, windows identical
+    assert quiet["bucket_cap_mb=100"] == "no gain beyond the noise"
+    # the same 1.10x with windows +-20 %: it cleared HELPS (still combined), but its own
+    # interval reaches below the defaults
+    noisy = said(0.2)
+    assert noisy["static_graph=True"] == "may help (within its noise)"
+    assert noisy["num_workers"] == "may help (within its noise)"  # 1.15x
 
 
 def test_a_screening_record_from_someone_elses_study_cannot_smuggle_values():
@@ -209,7 +239,12 @@ def test_a_screening_record_from_someone_elses_study_cannot_smuggle_values():
 
     r = replay(landscape(TWO_HELP), seed=0, n_trials=9)
     r.study.set_user_attr(
-        "screening", {"x": {"speedup": "rm -rf /", "helps": "yes"}, 3: {}, "y": [1]}
+        "screening",
+        {
+            "x": {"speedup": "rm -rf /", "helps": "yes", "interval": {"rel_half_width": "1"}},
+            3: {},
+            "y": [1],
+        },
     )
     assert screening_effects(r.study) == {"x": {"speedup": None, "helps": False}}
 
@@ -361,3 +396,22 @@ def test_the_probe_reads_the_cpu_flags(monkeypatch):
     monkeypatch.setattr(hardware, "_cpuinfo", lambda: (None, frozenset({"avx2"})))
     got = hardware.describe("gloo")
     assert got["bf16_native"] is False and got["device_name"]  # platform's name instead
+
+
+def test_re_measurement_runs_take_the_study_s_rerun_windows():
+    from autotune.config import MeasureSettings
+    from autotune.errors import ConfigError
+
+    m = MeasureSettings(rerun_windows=4)
+    assert (m.rerun().min_windows, m.rerun().max_windows) == (4, 4)
+    assert (m.min_windows, m.max_windows) == (3, 10)  # the search's trials keep theirs
+    with pytest.raises(ConfigError, match=r"rerun_windows must be a whole number >= 2, got 1"):
+        MeasureSettings(rerun_windows=1)
+    for n in (3, 4):
+        r = replay(landscape(TWO_HELP, noise=0.01), seed=0, n_trials=12, rerun_windows=n)
+        runs = r.study.user_attrs["validation"]["measurements"]
+        assert runs and all(len(v) >= 2 for v in runs.values())
+        # every re-validation run measured n windows: its time inside them says so
+        windows_s = r.study.user_attrs["validation"]["timed_s"]
+        assert windows_s == pytest.approx(sum(len(v) for v in runs.values()) * n * 1.0)
+        assert 0 < r.timed_s < r.seconds  # the replay's efficiency: timed over simulated wall
