@@ -7,6 +7,11 @@ ranks sit on its nodes.
   answers there. A local instance's node IP is 127.0.0.1: all its servers listen on loopback
   only (``_compat.loopback_node_ip``), and so do the ranks' rendezvous and gloo (``pool``). A
   cluster's nodes keep the address they were started with.
+* A local instance leaves no process behind. Every process it starts carries
+  ``OWNER_ENV`` (a value unique to this run) in its environment; ``close`` (and a Ctrl-C or
+  SIGTERM that interrupts ``ray.init``) shuts Ray down, then ends whatever still carries the
+  value (``_reap``). Interrupting ``ray.init`` used to leave the raylet's DashboardAgent and
+  RuntimeEnvAgent running, orphaned, ignoring SIGTERM (2.5 s and 4 s into ``autotune run``).
 * ``plan_ranks`` reads the alive nodes' resources and says how many CPUs each rank's bundle
   reserves and how many trials fit at once (``rank_plan`` is the same over given resources:
   pure, unit-tested on many cluster shapes).
@@ -19,17 +24,109 @@ import ipaddress
 import logging
 import math
 import os
+import re
+import signal
 import socket
+import time
+import uuid
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from autotune._compat import bootstrap_address, loopback_node_ip
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, Terminated
 
 __all__ = ["RankPlan", "RayConnection", "connect", "plan_ranks", "rank_plan"]
 
 #: Seconds to wait for a TCP answer from a given cluster address before giving up.
 REACH_TIMEOUT_S = 5.0
+#: The environment variable that marks the processes of a local instance started here.
+OWNER_ENV = "AUTOTUNE_RAY_OWNER"
+#: Seconds the marked processes get to end by themselves after ``ray.shutdown``.
+REAP_GRACE_S = 1.5
+
+
+#: A Ray session directory inside a path: ``.../session_2026-11-25_06-45-09_749085_17907``.
+_SESSION = re.compile(r"(/\S*?/session_(?!latest)[^/\s]+)")
+
+
+def _processes(proc: Path) -> Iterator[tuple[int, Path]]:
+    me = os.getpid()
+    for entry in proc.glob("[0-9]*"):
+        if entry.name.isdigit() and int(entry.name) != me:
+            yield int(entry.name), entry
+
+
+def _paths(entry: Path) -> list[str]:
+    """The command line and the targets of the open files of one process (what it can read
+    of another user's: nothing)."""
+    out = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+    with contextlib.suppress(OSError):
+        for fd in (entry / "fd").iterdir():
+            with contextlib.suppress(OSError):
+                out.append(os.readlink(fd))
+    return out
+
+
+def session_dirs(pids: list[int], proc: Path = Path("/proc")) -> set[str]:
+    """The Ray session directories these processes name on their command line or hold files
+    in (the GCS and the raylet name theirs)."""
+    found: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for path in _paths(proc / str(pid)):
+                found.update(m.group(1) for m in _SESSION.finditer(path))
+    return found
+
+
+def _ray_inside(paths: list[str], sessions: Collection[str]) -> bool:
+    """A process of Ray's own (``ray::...``, or a program of the ``ray`` package) that names
+    or holds a path in one of ``sessions``; a user's ``tail -f`` on a session log is not."""
+    argv = paths[:2]
+    ours = argv[0].startswith("ray::") or any("/ray/" in a for a in argv)
+    return ours and any(d + "/" in p or p.endswith(d) for p in paths for d in sessions)
+
+
+def owned_processes(
+    owner: str, sessions: Collection[str] = (), proc: Path = Path("/proc")
+) -> list[int]:
+    """PIDs of the processes (other than this one) of the local instance started here: those
+    whose environment holds ``OWNER_ENV`` = ``owner`` (its GCS, raylet, agents, workers and
+    theirs), and Ray's own processes with a file open in, or naming on their command line,
+    one of its ``sessions`` (``session_dirs``). The second rule is for the raylet's agents:
+    once they rename themselves (``ray::DashboardAgent``) their environment can read back
+    empty. Another instance (a ``ray start`` cluster of the user's) has another session. Linux
+    only (an empty list where there is no ``/proc``); only the user's own processes can be
+    read, so no one else's is ever named."""
+    needle = f"{OWNER_ENV}={owner}".encode()
+    found = []
+    for pid, entry in _processes(proc):
+        try:
+            marked = needle in (entry / "environ").read_bytes().split(b"\0")
+            if marked or (sessions and _ray_inside(_paths(entry), sessions)):
+                found.append(pid)
+        except OSError:  # gone, or another user's
+            continue
+    return found
+
+
+def _reap(owner: str, grace_s: float = REAP_GRACE_S) -> list[int]:
+    """Shut Ray down, give the processes it started ``grace_s`` to end, kill what is left;
+    the PIDs killed."""
+    import ray
+
+    sessions = session_dirs(owned_processes(owner))  # while the GCS and raylet still run
+    ray.shutdown()
+    until = time.monotonic() + grace_s
+    while (left := owned_processes(owner, sessions)) and time.monotonic() < until:
+        time.sleep(0.1)
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    if left:
+        logging.getLogger(__name__).info("killed %d process(es) Ray left: %s", len(left), left)
+    return left
 
 
 @dataclass
@@ -40,6 +137,8 @@ class RayConnection:
     """False when Ray was already initialised by the caller (library use): left as found."""
     from_env: bool = False
     """The address came from ``RAY_ADDRESS``, not ``--address``."""
+    owner: str | None = None
+    """``OWNER_ENV``'s value in the processes of the local instance started here."""
 
     def describe(self) -> str | None:
         """The line a run prints about a cluster it joined; None for a local instance."""
@@ -52,7 +151,9 @@ class RayConnection:
     def close(self) -> None:
         import ray
 
-        if self.owned and ray.is_initialized():
+        if self.owned and self.owner is not None:
+            _reap(self.owner)
+        elif self.owned and ray.is_initialized():
             ray.shutdown()
 
 
@@ -130,13 +231,30 @@ def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayC
         kwargs["runtime_env"] = {"env_vars": env_vars}
     if address is None:
         kwargs["include_dashboard"] = False
+    owner = f"{os.getpid()}-{uuid.uuid4().hex}" if address is None else None
+    before = os.environ.get(OWNER_ENV)
     try:
+        if owner is not None:  # inherited by everything the instance starts
+            os.environ[OWNER_ENV] = owner
         # "local": always a new instance, even where a `ray start` cluster exists (Ray would
         # join it on address=None); --address or RAY_ADDRESS is how to join one. Its node IP
         # is 127.0.0.1, so nothing of it listens beyond loopback.
         with loopback_node_ip() if loopback else contextlib.nullcontext():
             ray.init(address=address or "local", **kwargs)
+    except SystemExit as e:  # ray.init's own SIGTERM handler exits with the signal's number
+        if owner is not None:
+            _reap(owner)
+        if e.code == signal.SIGTERM:
+            Terminated.received = True
+            raise Terminated() from None
+        raise
+    except KeyboardInterrupt:
+        if owner is not None:
+            _reap(owner)
+        raise
     except (ConnectionError, RuntimeError, ValueError) as e:
+        if owner is not None:
+            _reap(owner)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(
             f"{_address_flag(str(address), from_env)}: Ray would not connect ({first}); if the "
@@ -144,7 +262,14 @@ def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayC
             f"available, else start one with `ray start --head` or "
             f"{_leave(from_env)}"
         ) from None
-    return RayConnection(address=address, started_here=address is None, from_env=from_env)
+    finally:
+        if before is None:
+            os.environ.pop(OWNER_ENV, None)
+        else:
+            os.environ[OWNER_ENV] = before
+    return RayConnection(
+        address=address, started_here=address is None, from_env=from_env, owner=owner
+    )
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 from optuna_dashboard import get_note
 
 from autotune.profile import Profile
-from tests.conftest import started_run
+from tests.conftest import autotune_cmd, started_run
 from tests.integration.conftest import (
     BUDGET_S,
     STUDY,
@@ -405,3 +405,56 @@ def test_ray_address_joins_the_cluster_as_ray_job_submit_would(ray_address, run_
                  "--validate-top", "0")  # fmt: skip
     assert f"Joined the Ray cluster at {ray_address} (RAY_ADDRESS)" in p.stdout, p.stdout
     assert "Stopped before the budget: --n-trials 1: 1 trials run" in p.stdout
+
+
+def group_of(pgid: int) -> list[str]:
+    """The processes of process group ``pgid``: pid and name."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(f"{stat.parent.name} {text[text.index('(') + 1 : text.rindex(')')]}")
+    return out
+
+
+def children_named(pid: int, name: str) -> bool:
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        comm = text[text.index("(") + 1 : text.rindex(")")]
+        if comm == name and int(text[text.rindex(")") + 2 :].split()[1]) == pid:
+            return True
+    return False
+
+
+@pytest.mark.parametrize(("signum", "rc"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_an_interrupt_while_the_local_ray_instance_starts_leaves_no_process(run_env, signum, rc):
+    import signal
+
+    # its own session: the process group it and everything it starts stay in is its pid
+    p = subprocess.Popen(
+        autotune_cmd("run", "--study", "quick", "--budget", "1m"), env=run_env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    try:
+        # the raylet runs: ray.init is waiting for it, and it is starting its agents (an
+        # interrupt here used to leave DashboardAgent and RuntimeEnvAgent running)
+        deadline = time.monotonic() + 60
+        while not children_named(p.pid, "raylet") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert p.poll() is None, p.communicate()[0]
+        p.send_signal(getattr(signal, signum))
+        out = p.communicate(timeout=60)[0]
+    finally:
+        p.kill()
+    assert p.returncode == rc, out
+    assert group_of(p.pid) == [], out
+    # nothing was measured: no profile
+    assert not (Path(run_env["AUTOTUNE_HOME"]) / "profiles").exists()

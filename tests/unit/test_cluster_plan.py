@@ -94,3 +94,49 @@ def test_local_ranks_count_the_ranks_of_each_node_in_rank_order():
     assert local_ranks({0: "a", 1: "a"}, 2) == [(0, 2), (1, 2)]
     assert local_ranks({0: "a", 1: "b", 2: "a", 3: "b"}, 4) == [(0, 2), (0, 2), (1, 2), (1, 2)]
     assert local_ranks({}, 2) == [(0, 2), (1, 2)]  # nodes unknown: one node
+
+
+def test_the_processes_of_a_local_instance_are_found_by_its_mark_or_its_session(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from autotune.cluster import OWNER_ENV, owned_processes, session_dirs
+
+    ours = tmp_path / "ray" / "session_2026-11-25_06-45-09_749085_100"
+    theirs = tmp_path / "ray" / "session_2026-11-25_07-00-00_000001_200"
+    for d in (ours, theirs):
+        (d / "logs").mkdir(parents=True)
+        (d / "logs" / "agent.log").write_text("")
+
+    def start(argv0: str, log, **kw):
+        """A process named argv0 holding log open (as a raylet's agent holds its log)."""
+        script = f'exec -a "{argv0}" tail -f {log}'
+        return subprocess.Popen(["bash", "-c", script], **kw)
+
+    env = {**os.environ, OWNER_ENV: "run-1"}
+    marked = subprocess.Popen(["sleep", "30"], env=env)
+    other_run = subprocess.Popen(["sleep", "30"], env={**env, OWNER_ENV: "run-2"})
+    # the raylet names its session on its command line
+    raylet = subprocess.Popen(
+        ["bash", "-c", f'exec -a /opt/ray/raylet {sys.executable} -c "import time; time.sleep(30)" '
+         f"--raylet_socket_name={ours}/sockets/raylet"]
+    )  # fmt: skip
+    agent = start("ray::DashboardAgent", ours / "logs" / "agent.log")  # environment unmarked
+    their_agent = start("ray::DashboardAgent", theirs / "logs" / "agent.log")
+    users_tail = start("tail", ours / "logs" / "agent.log")  # someone reading the log
+    procs = [marked, other_run, raylet, agent, their_agent, users_tail]
+    try:
+        time.sleep(0.5)  # the execs have happened, the files are open
+        assert session_dirs([raylet.pid]) == {str(ours)}
+        assert session_dirs([agent.pid]) == {str(ours)}
+        found = set(owned_processes("run-1", {str(ours)}))
+        assert {marked.pid, raylet.pid, agent.pid} <= found
+        assert not {other_run.pid, their_agent.pid, users_tail.pid, os.getpid()} & found
+        # without the session, only the mark counts
+        assert marked.pid in owned_processes("run-1") and agent.pid not in owned_processes("run-1")
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
