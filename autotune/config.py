@@ -145,6 +145,9 @@ class MeasureSettings:
     rerun_windows: int = 3
     """Windows of each re-measurement run (re-validation, ablation): a fixed number, no stop
     or prune rule."""
+    rerun_settle_window: int = 1
+    """``settle_window`` of a re-measurement run: its processes ran the configuration in the
+    search, and whatever warm-up bias is left is common to both sides of a paired ratio."""
 
     FLOORS: ClassVar[tuple[tuple[str, int | str], ...]] = (
         ("settle_window", 1),
@@ -155,6 +158,7 @@ class MeasureSettings:
         ("max_windows", "min_windows"),
         ("prune_after", 2),
         ("rerun_windows", 2),
+        ("rerun_settle_window", 1),
     )
     """Each field's least value beyond >= 0, a number or the field it may not go below: the
     rules of ``autotune.stats`` (a study asks more: two windows for an interval)."""
@@ -188,9 +192,15 @@ class MeasureSettings:
 
     def rerun(self) -> MeasureSettings:
         """The settings of a re-measurement run (re-validation, ablation): ``rerun_windows``
-        windows. The noise of such a comparison is between runs, so short runs in more
-        rounds say more than long runs in few."""
-        return replace(self, min_windows=self.rerun_windows, max_windows=self.rerun_windows)
+        windows after a warm-up settled over ``rerun_settle_window`` steps. The noise of such
+        a comparison is between runs, so short runs in more rounds say more than long runs in
+        few."""
+        return replace(
+            self,
+            min_windows=self.rerun_windows,
+            max_windows=self.rerun_windows,
+            settle_window=self.rerun_settle_window,
+        )
 
     def stop_rule(self) -> Any:
         from autotune.stats import StopRule

@@ -405,6 +405,10 @@ def test_re_measurement_runs_take_the_study_s_rerun_windows():
     m = MeasureSettings(rerun_windows=4)
     assert (m.rerun().min_windows, m.rerun().max_windows) == (4, 4)
     assert (m.min_windows, m.max_windows) == (3, 10)  # the search's trials keep theirs
+    # a re-measurement run settles over single steps; a search trial over medians of two
+    assert (m.rerun().settle_window, m.settle_window) == (1, 2)
+    assert m.rerun().settle_rule().window == 1
+    assert MeasureSettings(rerun_settle_window=2).rerun().settle_window == 2
     with pytest.raises(ConfigError, match=r"rerun_windows must be a whole number >= 2, got 1"):
         MeasureSettings(rerun_windows=1)
     for n in (3, 4):
