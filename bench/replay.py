@@ -141,6 +141,12 @@ def main() -> None:
         print(f"{name} | {row['median_share']:.3f} | {row['p10_share']:.3f} | "
               f"{row['at_98']:.0%} | {vs} | {beats} | {row['median_trials']} | "
               f"{row.get('median_efficiency', 0):.0%}")  # fmt: skip
+    shipped = table.get("screen+tpe")
+    if shipped and "win_share" in shipped:
+        print(f"goals (screen+tpe): median share {shipped['median_share']:.3f} >= {GOAL_SHARE}: "
+              f"{'met' if shipped['median_share'] >= GOAL_SHARE else 'not met'}; beats random "
+              f"search in {shipped['win_share']:.0%} of seeds >= {GOAL_WINS:.0%}: "
+              f"{'met' if shipped['win_share'] >= GOAL_WINS else 'not met'}")  # fmt: skip
     if a.out:
         Path(a.out).write_text(json.dumps({"summary": table, "runs": results}, indent=1))
 
