@@ -202,6 +202,12 @@ class MeasureSettings:
             settle_window=self.rerun_settle_window,
         )
 
+    def warmup_steps_fewer(self, than: MeasureSettings) -> int:
+        """Warm-up steps these settings need fewer than ``than`` at the least: the settle rule
+        compares two medians of ``settle_window`` steps, so two per step of the window
+        (``rerun()`` against the search's settings: 2 by default)."""
+        return 2 * max(0, than.settle_window - self.settle_window)
+
     def stop_rule(self) -> Any:
         from autotune.stats import StopRule
 

@@ -161,9 +161,9 @@ class Objective:
                 trial.report(w, i)  # the dashboard's intermediate values: one per window
         per_window = result.window_s / len(result.windows)
         m = self.d.measure
-        # a re-measurement run: its windows, and a warm-up shorter by the steps its settle
-        # rule needs fewer (two per step of the window)
-        fewer = 2 * max(0, m.settle_window - m.rerun_settle_window) * result.step_time_s
+        # a re-measurement run: its windows, after a warm-up shorter by the steps its settle
+        # rule needs fewer
+        fewer = m.rerun().warmup_steps_fewer(m) * result.step_time_s
         rerun = max(result.overhead_s - fewer, 0.0) + m.rerun_windows * per_window
         self.budget.trial_done(self.budget.now() - t0, rerun)
         if drifted is not None:  # over pruning too: the more telling verdict

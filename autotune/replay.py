@@ -205,9 +205,9 @@ class ReplayMeasurer:
                 break
         per_window = run.window_s / len(run.windows)
         window_s = per_window * len(windows)
-        # a re-measurement run settles over fewer steps than the recorded trial did: two per
-        # step of the window less, each as long as a step at this point's throughput
-        fewer = 2 * max(0, self.d.measure.settle_window - m.settle_window)
+        # a re-measurement run settles over fewer steps than the recorded trial did, each as
+        # long as a step at this point's throughput
+        fewer = m.warmup_steps_fewer(self.d.measure)
         step_s = config.global_batch / statistics.median(run.windows)
         wall = max(run.overhead_s - fewer * step_s, 0.0) + window_s
         self.clock += wall

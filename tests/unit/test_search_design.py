@@ -409,6 +409,7 @@ def test_re_measurement_runs_take_the_study_s_rerun_windows():
     assert (m.rerun().settle_window, m.settle_window) == (1, 2)
     assert m.rerun().settle_rule().window == 1
     assert MeasureSettings(rerun_settle_window=2).rerun().settle_window == 2
+    assert m.rerun().warmup_steps_fewer(m) == 2 and m.warmup_steps_fewer(m.rerun()) == 0
     with pytest.raises(ConfigError, match=r"rerun_windows must be a whole number >= 2, got 1"):
         MeasureSettings(rerun_windows=1)
     for n in (3, 4):
