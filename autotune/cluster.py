@@ -58,10 +58,13 @@ def _processes(proc: Path) -> Iterator[tuple[int, Path]]:
             yield int(entry.name), entry
 
 
-def _paths(entry: Path) -> list[str]:
-    """The command line and the targets of the open files of one process (what it can read
-    of another user's: nothing)."""
-    out = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+def _cmdline(entry: Path) -> list[str]:
+    return (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+
+
+def _open_files(entry: Path) -> list[str]:
+    """The targets of one process's open files (none of another user's process)."""
+    out = []
     with contextlib.suppress(OSError):
         for fd in (entry / "fd").iterdir():
             with contextlib.suppress(OSError):
@@ -74,18 +77,22 @@ def session_dirs(pids: list[int], proc: Path = Path("/proc")) -> set[str]:
     in (the GCS and the raylet name theirs)."""
     found: set[str] = set()
     for pid in pids:
+        entry = proc / str(pid)
         with contextlib.suppress(OSError):
-            for path in _paths(proc / str(pid)):
+            for path in _cmdline(entry) + _open_files(entry):
                 found.update(m.group(1) for m in _SESSION.finditer(path))
     return found
 
 
-def _ray_inside(paths: list[str], sessions: Collection[str]) -> bool:
+def _ray_inside(entry: Path, sessions: Collection[str]) -> bool:
     """A process of Ray's own (``ray::...``, or a program of the ``ray`` package) that names
-    or holds a path in one of ``sessions``; a user's ``tail -f`` on a session log is not."""
-    argv = paths[:2]
-    ours = argv[0].startswith("ray::") or any("/ray/" in a for a in argv)
-    return ours and any(d + "/" in p or p.endswith(d) for p in paths for d in sessions)
+    or holds a path in one of ``sessions``; a user's ``tail -f`` on a session log is not.
+    Its open files are read only once its command line shows it is Ray's."""
+    argv = _cmdline(entry)
+    if not (argv[0].startswith("ray::") or any("/ray/" in a for a in argv[:2])):
+        return False
+    paths = argv + _open_files(entry)
+    return any(d + "/" in p or p.endswith(d) for p in paths for d in sessions)
 
 
 def owned_processes(
@@ -104,7 +111,7 @@ def owned_processes(
     for pid, entry in _processes(proc):
         try:
             marked = needle in (entry / "environ").read_bytes().split(b"\0")
-            if marked or (sessions and _ray_inside(_paths(entry), sessions)):
+            if marked or (sessions and _ray_inside(entry, sessions)):
                 found.append(pid)
         except OSError:  # gone, or another user's
             continue
@@ -236,25 +243,22 @@ def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayC
     try:
         if owner is not None:  # inherited by everything the instance starts
             os.environ[OWNER_ENV] = owner
-        # "local": always a new instance, even where a `ray start` cluster exists (Ray would
-        # join it on address=None); --address or RAY_ADDRESS is how to join one. Its node IP
-        # is 127.0.0.1, so nothing of it listens beyond loopback.
-        with loopback_node_ip() if loopback else contextlib.nullcontext():
-            ray.init(address=address or "local", **kwargs)
+        try:
+            # "local": always a new instance, even where a `ray start` cluster exists (Ray
+            # would join it on address=None); --address or RAY_ADDRESS is how to join one.
+            # Its node IP is 127.0.0.1, so nothing of it listens beyond loopback.
+            with loopback_node_ip() if loopback else contextlib.nullcontext():
+                ray.init(address=address or "local", **kwargs)
+        except BaseException:  # a start that failed or was interrupted leaves nothing
+            if owner is not None:
+                _reap(owner)
+            raise
     except SystemExit as e:  # ray.init's own SIGTERM handler exits with the signal's number
-        if owner is not None:
-            _reap(owner)
         if e.code == signal.SIGTERM:
             Terminated.received = True
             raise Terminated() from None
         raise
-    except KeyboardInterrupt:
-        if owner is not None:
-            _reap(owner)
-        raise
     except (ConnectionError, RuntimeError, ValueError) as e:
-        if owner is not None:
-            _reap(owner)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(
             f"{_address_flag(str(address), from_env)}: Ray would not connect ({first}); if the "
