@@ -8,6 +8,7 @@ running in several threads tell it under its lock.
 
 from __future__ import annotations
 
+import math
 import statistics
 import threading
 import time
@@ -15,7 +16,7 @@ from collections.abc import Callable
 
 from autotune.studydef import StudyDefinition
 
-__all__ = ["MAX_ROUNDS", "Budget", "validation_plan"]
+__all__ = ["MAX_ROUNDS", "Budget", "rounds_to_tell", "validation_plan"]
 
 #: Most interleaved rounds the re-validation grows to when the budget has room for them.
 MAX_ROUNDS = 10
@@ -50,6 +51,19 @@ def validation_plan(
     return top, rounds
 
 
+def rounds_to_tell(margin: float, noise: float, *, least: int = 3, most: int = MAX_ROUNDS) -> int:
+    """Paired rounds whose 95 % interval on a ratio is narrower than ``margin`` (relative),
+    each run's relative noise being ``noise`` (a ratio of two runs: sqrt(2) x that): the
+    smallest n in [least, most] with t(n-1) sqrt(2) noise / sqrt(n) < margin. A 1.8x candidate
+    against 2 % noise needs the least; 1.03x needs more."""
+    from scipy.stats import t
+
+    for n in range(max(least, 2), most + 1):
+        if float(t.ppf(0.975, n - 1)) * math.sqrt(2) * noise / math.sqrt(n) < margin:
+            return n
+    return most
+
+
 def ablation_runs(knobs: int) -> int:
     """Runs per round of the ablation of a winner changing ``knobs`` knobs: the winner and one
     variant per knob, and when two or more knobs could be dropped while another is kept, the
@@ -62,12 +76,19 @@ class Budget:
     the replay benchmark, ``autotune.replay``, passes a simulated one)."""
 
     def __init__(
-        self, definition: StudyDefinition, clock: Callable[[], float] = time.monotonic
+        self,
+        definition: StudyDefinition,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        started: float | None = None,
     ) -> None:
         self.d = definition
         self.total_s = definition.budget_s
         self.now = clock
-        self.started = clock()
+        #: When the command started (on ``clock``): the budget counts from there, Ray's start
+        #: and the placement included, and ``start()`` keeps it. None: from ``start()``.
+        self._command_started = started
+        self.started = clock() if started is None else started
         self._lock = threading.Lock()
         self._walls: list[float] = []  # wall seconds of each search trial
         # What a re-validation run of each measured trial would take (its overhead and
@@ -78,8 +99,10 @@ class Budget:
         self.limit_runs = LIMIT_RUNS if definition.limit else 0
 
     def start(self) -> None:
-        """The clock starts now (just before the first trial)."""
-        self.started = self.now()
+        """The clock starts now (just before the first trial), unless it started with the
+        command."""
+        if self._command_started is None:
+            self.started = self.now()
 
     def left_s(self) -> float:
         return self.total_s - (self.now() - self.started)
@@ -107,16 +130,36 @@ class Budget:
 
     def validation_plan(self) -> tuple[int, int] | None:
         """(candidates, rounds) of the re-validation at the end of the run; None when no
-        trial has ended yet or re-validation does not fit (``validation_plan``)."""
+        trial has ended yet or re-validation does not fit (``validation_plan``). Asked once
+        the search has stopped, the plan also fits the budget left (less the limit probes):
+        fewer candidates first, then fewer rounds (at least 2), else None - the search keeps
+        room only for candidates it judged worth it (``search.Search``), and a budget is
+        kept, not overrun."""
         medians = self._medians()
-        return None if medians is None else validation_plan(self.d, self.total_s, medians[1])
+        if medians is None:
+            return None
+        run = medians[1]
+        plan = validation_plan(self.d, self.total_s, run)
+        if plan is None:
+            return None
+        top, rounds = plan
+        room = self.left_s() - self.limit_reserve_s(run)
+        while (top + 1) * rounds * run > room and (top > 1 or rounds > 2):
+            if top > 1:
+                top -= 1
+            else:
+                rounds -= 1
+        return (top, rounds) if (top + 1) * rounds * run <= room else None
 
     def ablation_rounds(self, knobs: int) -> int:
         """Rounds of the ablation of a winner changing ``knobs`` knobs (``ablation_runs`` per
         round) that the budget left holds, at most the re-validation's (``ablation.ablate``
         needs 2). ``ablation_rounds(1)``: rounds of two runs, as the joint check takes."""
-        medians, plan = self._medians(), self.validation_plan()
-        if medians is None or plan is None:
+        medians = self._medians()
+        if medians is None:
+            return 0
+        plan = validation_plan(self.d, self.total_s, medians[1])  # the rounds aimed for
+        if plan is None:
             return 0
         return min(plan[1], int(self.left_s() // (ablation_runs(knobs) * medians[1])))
 
@@ -126,22 +169,39 @@ class Budget:
         the quick study 2.7 s against 5-8 s)."""
         return min(self.limit_runs * run_wall_s, LIMIT_SHARE * self.total_s)
 
-    def room_for_another(self, *, to_revalidate: int, ablate: int = 0) -> bool:
-        """Whether the budget left holds a typical trial and, when there are configurations
-        to re-validate (``to_revalidate``: how many qualify so far), the re-validation of as
-        many of them as the plan takes and the ablation of a winner changing ``ablate``
-        knobs (the best so far), and the limit probes (``limit_runs``)."""
-        left = self.left_s()
-        if left <= 0:
-            return False
+    def trial_s(self) -> float | None:
+        """A search trial's wall seconds (the median so far); None before any ended."""
+        medians = self._medians()
+        return None if medians is None else medians[0]
+
+    def reserve_s(self, *, to_revalidate: int, ablate: int = 0, rounds: int | None = None) -> float:
+        """Seconds kept for what follows the search: the re-validation of ``to_revalidate``
+        candidates (as many as the plan takes), the ablation of a winner changing ``ablate``
+        knobs, each over the plan's rounds or ``rounds`` if fewer (what the candidates' gain
+        needs: ``stats.rounds_to_tell``), and the limit probes. The search decides which
+        candidates earn a reserve (``search.Search``: those beyond their noise)."""
         medians = self._medians()
         if medians is None:
-            return True
-        wall, run = medians
+            return 0.0
+        run = medians[1]
         plan = validation_plan(self.d, self.total_s, run)
         runs = 0
         if plan is not None and to_revalidate:
-            runs = (min(to_revalidate, plan[0]) + 1) * plan[1]
-        if runs and ablate >= 2:
-            runs += ablation_runs(ablate) * plan[1]
-        return left >= wall + run * runs + self.limit_reserve_s(run)
+            n = plan[1] if rounds is None else min(plan[1], rounds)
+            runs = (min(to_revalidate, plan[0]) + 1) * n
+            if ablate >= 2:
+                runs += ablation_runs(ablate) * n
+        return run * runs + self.limit_reserve_s(run)
+
+    def room_for_another(
+        self, *, to_revalidate: int, ablate: int = 0, rounds: int | None = None
+    ) -> bool:
+        """Whether the budget left holds a typical trial and the reserve (``reserve_s``)."""
+        left = self.left_s()
+        if left <= 0:
+            return False
+        wall = self.trial_s()
+        if wall is None:
+            return True
+        reserve = self.reserve_s(to_revalidate=to_revalidate, ablate=ablate, rounds=rounds)
+        return left >= wall + reserve

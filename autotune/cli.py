@@ -10,10 +10,12 @@ read a stored study) and ``cli_tools`` (profiles, the network lab, listings).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +29,15 @@ from autotune.errors import (
     raise_terminated,
 )
 from autotune.limit import LIMIT_ATTR, summary_line
+from autotune.stop import STOP_ATTR, StopRecord
 from autotune.storage import display_url
 from autotune.studydef import StudyDefinition
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "Parser", "build_parser", "default_run_dir", "main"]
 
+#: When the command started (this module is imported first): ``autotune run``'s budget counts
+#: from here, Ray's start and the placement included.
+STARTED = time.monotonic()
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
@@ -158,6 +164,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         address=args.address,
         profile_path=args.profile,
         sigterm=True,
+        started=STARTED,
     )
     # SIGTERM (SLURM preemption, `timeout`, `docker stop`) stops the run like Ctrl-C does: here
     # until Ray is connected, then by the handler run() installs over Ray's own.
@@ -205,6 +212,9 @@ def _print_summary(console: Any, summary: Any) -> None:
             f"Search     baseline {summary.baseline:.1f} samples/s, best single trial "
             f"{summary.best:.1f} samples/s ({summary.best / summary.baseline:.2f}x)"
         )
+    stop = None if summary.study is None else summary.study.user_attrs.get(STOP_ATTR)
+    with contextlib.suppress(ValueError):  # a study from elsewhere may hold anything there
+        say(f"Stopped    {StopRecord.from_attrs(stop).line().removeprefix('Search stopped ')}")
     if summary.profile_path:
         say(f"Exported   {_exported_line(summary.profile_path)}")
     limit = None if summary.study is None else summary.study.user_attrs.get(LIMIT_ATTR)

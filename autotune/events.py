@@ -70,9 +70,11 @@ class StudyOpened:
 
 @dataclass(frozen=True, kw_only=True)
 class BudgetStarted:
-    """The budget's clock starts (just before the first trial)."""
+    """The search starts (just before the first trial); the budget's clock started
+    ``spent_s`` ago (with the command: Ray's start and the placement count)."""
 
     budget_s: float
+    spent_s: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)

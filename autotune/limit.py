@@ -27,7 +27,10 @@ configuration's bucket sizes and hook dtype. ``bounds`` turns that into:
   (nccl-tests' ``busbw``): ``wire_bytes * 2(n-1)/n / comm_s``. With one rank there is none.
 
 The record is the study's ``limit`` user attribute and the profile's ``measured.limit``;
-``summary_line`` says it in one line and names the knob family most likely to help next.
+``summary_line`` says it in one line and names the knob family most likely to help next, from
+the same model the screening is ordered by (``autotune.bottleneck``), never a family the run's
+screening measured as no gain. The defaults are probed once, right after the baseline trial
+(``probe_one``, the study's ``first_measurement``); the probe at the end reuses that record.
 """
 
 from __future__ import annotations
@@ -38,20 +41,27 @@ from typing import Any
 
 import optuna
 
+from autotune.bottleneck import COMM_BOUND_SHARE, DATA_BOUND_SHARE, FIRST_ATTR, Evidence
 from autotune.config import TrialConfig
 from autotune.errors import TrialFailed
 from autotune.events import Emit, Note
 
-__all__ = ["LIMIT_ATTR", "bounds", "breakdown", "measure_limit", "next_step", "summary_line"]
+__all__ = [
+    "LIMIT_ATTR",
+    "bounds",
+    "breakdown",
+    "measure_limit",
+    "next_step",
+    "probe_one",
+    "summary_line",
+]
 
 #: The study's user attribute holding the last limit measurement.
 LIMIT_ATTR = "limit"
 #: All-reduce rounds of the communication-only measurement (after one unmeasured round).
 COMM_REPEATS = 3
-#: Exposed communication, as a share of the step, from which communication is the bottleneck.
-COMM_BOUND_SHARE = 0.2
-#: Data loading, as a share of the step, from which the data pipeline is.
-DATA_BOUND_SHARE = 0.15
+#: The least optimistic gain (``autotune.bottleneck``) worth naming as the next step.
+WORTH = 1.03
 #: A share of the ideal-overlap bound from which the step is at it, within the probe's noise.
 AT_BOUND = 0.97
 
@@ -96,21 +106,67 @@ def bounds(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def next_step(record: dict[str, Any], config: TrialConfig, *, free_batch: bool = False) -> str:
-    """The knob family most likely to help next, from where the step time goes."""
-    parts = breakdown(record)
-    step = record["ddp"]["step"]
-    if record["world_size"] > 1 and parts["exposed_comm"] / step >= COMM_BOUND_SHARE:
-        if config.comm_hook.get("name", "none") == "none":
-            return "compression (a comm hook: fp16 or PowerSGD)"
-        if free_batch and config.accumulation_steps == 1:
-            return "accumulation (more samples per all-reduce)"
-        return "a faster link (the all-reduce is the bottleneck with compression on)"
-    if parts["data"] / step >= DATA_BOUND_SHARE:
-        return "the data pipeline (DataLoader workers, pinned memory)"
+def next_step(
+    record: dict[str, Any],
+    config: TrialConfig,
+    *,
+    free_batch: bool = False,
+    device: str = "cpu",
+    ruled_out: frozenset[str] = frozenset(),
+) -> str:
+    """The knob family most likely to help next: the one whose optimistic gain on this step
+    (``autotune.bottleneck``) is largest, among the families ``config`` has not moved yet and
+    the run did not measure as no gain (``ruled_out``: knob names, e.g. ``comm_hook``)."""
+    ev = Evidence.from_probe(record, device=device, noise=0.0)
+    step = ev.step_s
+    options: list[tuple[float, str, str]] = []
+    if config.comm_hook.get("name", "none") == "none":
+        options.append(
+            (ev.compressed(), "comm_hook", "compression (a comm hook: fp16 or PowerSGD)")
+        )
+    if config.ddp.get("bucket_cap_mb", 25.0) == 25.0:
+        options.append(
+            (
+                ev.fewer_messages(100.0),
+                "bucket_cap_mb",
+                "larger buckets (fewer all-reduces: the link's latency dominates)",
+            )
+        )
+        options.append(
+            (
+                ev.more_overlap(),
+                "bucket_cap_mb",
+                "smaller buckets (the all-reduce starts earlier in backward)",
+            )
+        )
+    if config.data.get("num_workers", 0) == 0:
+        options.append(
+            (
+                ev.off_the_loop(),
+                "num_workers",
+                "the data pipeline (DataLoader workers, pinned memory)",
+            )
+        )
     if config.precision == "fp32":
-        return "compute-bound: lower precision (bf16, TF32) or a faster device"
-    return "compute-bound: little left for DDP settings to win"
+        options.append((ev.faster_compute(), "precision", "lower precision (bf16, TF32)"))
+    comm_bound = ev.world_size > 1 and ev.exposed_s >= COMM_BOUND_SHARE * step
+    if free_batch and config.accumulation_steps == 1 and comm_bound:
+        options.append(
+            (
+                ev._speedup(ev.exposed_s / 2),
+                "micro_batch",
+                "accumulation (more samples per all-reduce)",
+            )
+        )
+    options = [o for o in options if o[1] not in ruled_out]
+    best = max(options, default=None, key=lambda o: o[0])
+    if best is not None and best[0] >= WORTH:
+        return f"{best[2]}, up to {best[0]:.2f}x"
+    if comm_bound:
+        return "a faster link: the all-reduce is the bottleneck and no DDP setting left shortens it"
+    if ev.data_s >= DATA_BOUND_SHARE * step:
+        return "a faster data pipeline than DataLoader settings give"
+    return "compute-bound: little left for DDP settings to win; a faster device"
 
 
 def summary_line(limit: dict[str, Any]) -> str | None:
@@ -136,10 +192,52 @@ def summary_line(limit: dict[str, Any]) -> str | None:
         more = 1 / b["share_of_ideal"]
         ideal = f"{b['share_of_ideal']:.0%} of the ideal-overlap bound ({more:.2f}x more possible)"
     return (
-        f"Limit: the {which} step is {comm}; {b['samples_per_s']:.4g} samples/s is {ideal} and "
-        f"{b['share_of_ceiling']:.0%} of the compute ceiling ({b['compute_ceiling']:.4g}); "
+        f"Limit: the {which} step is {comm}; {_rate(b['samples_per_s'])} samples/s is {ideal} "
+        f"and {b['share_of_ceiling']:.0%} of the compute ceiling ({_rate(b['compute_ceiling'])}); "
         f"next: {tuned['next']}"
     )
+
+
+def _rate(x: float) -> str:
+    """A throughput for people: 54,350 rather than 5.435e+04."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def probe_one(
+    measure: Any,
+    trial: int,
+    config: TrialConfig,
+    *,
+    trace: Path | None = None,
+    free_batch: bool = False,
+    device: str = "cpu",
+    ruled_out: frozenset[str] = frozenset(),
+    steps: int | None = None,
+) -> dict[str, Any]:
+    """One limit probe of ``config`` (trial ``trial``) with ``measure`` (a ``Measurer``): its
+    record, with its bounds, breakdown and next step. ``steps``: DDP steps to time (None: the
+    probe's own choice, two windows' worth). Raises ``TrialFailed``."""
+    t0 = time.monotonic()
+    settings: dict[str, Any] = {
+        "repeats": COMM_REPEATS,
+        "trace": None if trace is None else str(trace),
+    }
+    if steps is not None:
+        settings["steps"] = steps
+    result = measure(trial, config, limit=settings)
+    record = dict(result.ranks[0].limit or {})
+    record.update(
+        trial=trial,
+        config=config.to_dict(),
+        bounds=bounds(record),
+        breakdown={k: round(v, 6) for k, v in breakdown(record).items()},
+        next=next_step(
+            record, config, free_batch=free_batch, device=device, ruled_out=ruled_out
+        ),  # fmt: skip
+        wall_s=round(time.monotonic() - t0, 2),
+        trace=None if trace is None or not trace.exists() else str(trace),
+    )
+    return record
 
 
 def measure_limit(
@@ -151,34 +249,44 @@ def measure_limit(
     trace_dir: Path | None,
     free_batch: bool = False,
     emit: Emit,
+    device: str = "cpu",
+    ruled_out: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """Probe each of ``configs`` (``baseline``, ``tuned``; trial numbers in ``trials``) with
-    ``measure`` (a ``Measurer``), record the result on ``study`` and return it. A probe that
-    fails is recorded with its reason and said; the others still run."""
+    ``measure`` (a ``Measurer``), record the result on ``study`` and return it. The defaults'
+    probe of the first measurement (``bottleneck.FIRST_ATTR``), when the study holds one, is
+    not taken again. A probe that fails is recorded with its reason and said; the others
+    still run."""
+    first = study.user_attrs.get(FIRST_ATTR)
+    known = {}
+    if isinstance(first, dict) and isinstance(first.get("probe"), dict):
+        known["baseline"] = first["probe"]
     started = time.monotonic()
     if trace_dir is not None:
         trace_dir.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {}
     for label, config in configs.items():
+        if label in known:  # the defaults, probed right after the baseline trial
+            try:  # a stored record may be someone else's: read it as the probe's, or probe
+                advice = next_step(known[label], config, free_batch=free_batch, device=device,
+                                   ruled_out=ruled_out)  # fmt: skip
+                out[label] = dict(known[label], bounds=bounds(known[label]), next=advice)
+                continue
+            except (KeyError, TypeError, ValueError, ZeroDivisionError):
+                pass
         trace = None if trace_dir is None else trace_dir / f"{label}.trace.json"
-        settings = {"repeats": COMM_REPEATS, "trace": None if trace is None else str(trace)}
-        t0 = time.monotonic()
         try:
-            result = measure(trials[label], config, limit=settings)
+            out[label] = probe_one(
+                measure,
+                trials[label],
+                config,
+                trace=trace,
+                free_batch=free_batch,
+                device=device,
+                ruled_out=ruled_out,
+            )
         except TrialFailed as e:
             out[label] = {"trial": trials[label], "failed": f"{e.reason.value}: {e.detail}"}
-            continue
-        record = dict(result.ranks[0].limit or {})
-        record.update(
-            trial=trials[label],
-            config=config.to_dict(),
-            bounds=bounds(record),
-            breakdown={k: round(v, 6) for k, v in breakdown(record).items()},
-            next=next_step(record, config, free_batch=free_batch),
-            wall_s=round(time.monotonic() - t0, 2),
-            trace=None if trace is None or not trace.exists() else str(trace),
-        )
-        out[label] = record
     out["cost_s"] = round(time.monotonic() - started, 2)
     study.set_user_attr(LIMIT_ATTR, out)
     failed = [

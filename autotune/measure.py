@@ -44,6 +44,11 @@ class Measurer:
         self._local = threading.local()  # the runner of the trial this thread runs
 
     @property
+    def can_probe(self) -> bool:
+        """Whether the limit probe can run: not in script mode (the user's command is opaque)."""
+        return not self.d.command
+
+    @property
     def runner(self) -> TrialRunner:
         """The runner of the calling thread (the first one when it chose none)."""
         return getattr(self._local, "runner", self.runners[0])

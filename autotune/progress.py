@@ -104,7 +104,7 @@ class RunView:
         if isinstance(e, ev.Note):
             return [Text(e.text)]
         if isinstance(e, ev.BudgetStarted):
-            self.budget_started()
+            self.budget_started(e.spent_s)
             return []
         if isinstance(e, ev.TrialStarted):
             self.trial_started(e.tag, format_changes(e.changes))
@@ -145,8 +145,8 @@ class RunView:
             return [Text(f"Validated: {e.reason}")]
         return []
 
-    def budget_started(self) -> None:
-        self.started = time.monotonic()
+    def budget_started(self, spent_s: float = 0.0) -> None:
+        self.started = time.monotonic() - spent_s
 
     def trial_started(self, tag: str, settings: str) -> None:
         self.running[tag] = settings

@@ -14,7 +14,11 @@ hardware does with communication taken out, or with nothing but communication.
    this configuration (``_compat.ddp_bucket_bytes``), all-reduced back to back as DDP issues
    them, ``repeats`` times; then the last bucket alone, which no backward can hide. A
    compressing hook (fp16, bf16) all-reduces half the bytes: the buckets are sent in that
-   dtype. PowerSGD is not modelled (its buckets are sent whole: an upper bound).
+   dtype. PowerSGD is not modelled (its buckets are sent whole: an upper bound). Then one
+   all-reduce of each of ``FIT_BYTES`` (at most the gradients' own bytes), ``repeats`` times
+   each: the points of the link's alpha-beta fit (``autotune.bottleneck.fit_alpha_beta``:
+   seconds = alpha + bytes x per-byte), which tells a latency-bound all-reduce from a
+   bandwidth-bound one.
 4. With ``trace``: ``torch.profiler`` over ``PROFILED_STEPS`` DDP steps, each phase a labelled
    range (``autotune.forward`` ...), written by rank 0 as a Chrome trace (Perfetto opens it).
 
@@ -46,6 +50,9 @@ PROFILED_STEPS = 2
 #: usually runs in processes that have just run this model (on the network lab a settled
 #: warm-up took a third of a 35 s probe).
 PROBE_WARMUP_STEPS = 4
+#: Message sizes (bytes) of the alpha-beta fit: a latency-sized message, a middling one and a
+#: bucket-sized one (capped at the gradients' bytes, at least two distinct sizes).
+FIT_BYTES = (1 << 10, 1 << 17, 1 << 22)
 #: Comm hooks that all-reduce their buckets in a 2-byte dtype.
 HALF_HOOKS = ("fp16", "bf16")
 
@@ -112,6 +119,7 @@ def _comm_alone(s: Session, repeats: int) -> dict[str, Any]:
         if r:
             everything.append(t1 - t0)
             last.append(time.perf_counter() - t1)
+    fit = _sweep(s, repeats, sum(sizes))
     return {
         "comm_s": statistics.median(everything),
         "last_bucket_s": statistics.median(last),
@@ -119,7 +127,33 @@ def _comm_alone(s: Session, repeats: int) -> dict[str, Any]:
         "wire_bytes": sum(b.numel() * b.element_size() for b in buckets),
         "dtype": str(dtype).removeprefix("torch."),
         "modelled": hook in ("none", *HALF_HOOKS),
+        "fit_bytes": [b for b, _ in fit],
+        "fit_s": [t for _, t in fit],
     }
+
+
+def _sweep(s: Session, repeats: int, grad_bytes: int) -> list[tuple[int, float]]:
+    """(bytes, median seconds) of one fp32 all-reduce of each of ``FIT_BYTES`` (capped at the
+    gradients' bytes), after one unmeasured round; every rank runs the same sizes."""
+    import torch
+    import torch.distributed as dist
+
+    top = max(grad_bytes, 2 * FIT_BYTES[0])
+    sizes = sorted({min(b, top) for b in FIT_BYTES})
+    out = []
+    for size in sizes:
+        t = torch.ones(max(1, size // 4), dtype=torch.float32, device=s.device)
+        times = []
+        for r in range(repeats + 1):
+            dist.barrier()
+            s.sync()
+            t0 = time.perf_counter()
+            dist.all_reduce(t)
+            s.sync()
+            if r:
+                times.append(time.perf_counter() - t0)
+        out.append((t.numel() * 4, statistics.median(times)))
+    return out
 
 
 def _trace(s: Session, path: str) -> None:
@@ -142,6 +176,12 @@ def _trace(s: Session, path: str) -> None:
         torch.cuda.empty_cache()
 
 
+def _rounded(v: Any) -> Any:
+    if isinstance(v, float):
+        return round(v, 6)
+    return [_rounded(x) for x in v] if isinstance(v, list) else v
+
+
 def probe_warmup(m: MeasureSettings) -> MeasureSettings:
     """The trial's measurement settings with the probe's shorter warm-up."""
     return replace(
@@ -162,11 +202,14 @@ def probe(s: Session, steps: int, settings: dict[str, Any]) -> tuple[
     comm = _comm_alone(s, int(settings.get("repeats", 5)))
     ddp, compute = _mean_phases(ddp_steps), _mean_phases(compute_steps)
     # The slowest rank's figures: the ranks wait for each other at every all-reduce.
-    worst = s.slowest([*ddp.values(), *compute.values(), comm["comm_s"], comm["last_bucket_s"]])
+    fits = len(comm["fit_s"])
+    worst = s.slowest([*ddp.values(), *compute.values(), comm["comm_s"], comm["last_bucket_s"],
+                       *comm["fit_s"]])  # fmt: skip
     n = len(ddp)
     ddp = dict(zip(ddp, worst[:n], strict=True))
     compute = dict(zip(compute, worst[n : 2 * n], strict=True))
-    comm.update(comm_s=worst[-2], last_bucket_s=worst[-1])
+    comm.update(comm_s=worst[2 * n], last_bucket_s=worst[2 * n + 1])
+    comm["fit_s"] = worst[2 * n + 2 : 2 * n + 2 + fits]
     per_step = s.slowest([sum(st.values()) for st in ddp_steps])
     if settings.get("trace"):
         _trace(s, settings["trace"])
@@ -177,6 +220,6 @@ def probe(s: Session, steps: int, settings: dict[str, Any]) -> tuple[
         "steps": steps,
         "ddp": {k: round(v, 6) for k, v in ddp.items()},
         "compute": {k: round(v, 6) for k, v in compute.items()},
-        "comm": {k: round(v, 6) if isinstance(v, float) else v for k, v in comm.items()},
+        "comm": {k: _rounded(v) for k, v in comm.items()},
     }
     return [s.samples_per_step / t for t in per_step], per_step, losses, record

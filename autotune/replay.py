@@ -9,13 +9,16 @@ runner: a trial of a point draws one of that point's recorded runs and applies t
 rules (``autotune.stats``) to its windows one by one, and the clock advances by the seconds the
 run took. Nothing is started; a replay of 15 trials takes well under a second.
 
+The landscape's ``first_measurement`` (the defaults' probe) answers the search's first probe;
+without one (or ``evidence=False``) the screening goes in the priors' listed order.
+
 What it does not model: drift of the machine over time (a run is drawn at random, not in
 order), runs longer than the recorded windows (they stop at the ``cap``), trial failures, and
 the cold first baseline unless ``cold_first`` (the first run of the study is then scaled by the
 recorded cold/warm ratio).
 
-``bench/replay.py`` is the benchmark over many seeds; ``tests/unit/test_replay.py`` holds its
-result.
+``bench/replay.py`` is the benchmark over many seeds (its table: ``autotune.replay_table``);
+``tests/unit/test_replay.py`` holds its result.
 """
 
 from __future__ import annotations
@@ -44,10 +47,10 @@ from autotune.study_record import open_study
 from autotune.studydef import StudyDefinition
 from autotune.tuner import conclude
 
-__all__ = ["TIE", "Landscape", "ReplayMeasurer", "ReplayResult", "replay", "summarise"]
+__all__ = ["Landscape", "ReplayMeasurer", "ReplayResult", "replay"]
 
-#: Two exported points within this fraction of each other's true throughput tie.
-TIE = 0.01
+#: A point is found when its true throughput is this share of the oracle's or more.
+FOUND = 0.98
 
 
 def point_key(point: dict[str, Any]) -> str:
@@ -74,6 +77,8 @@ class Landscape:
     cold_ratio: float = 1.0
     """The first baseline in fresh processes over the same defaults measured warm."""
     meta: dict[str, Any] = field(default_factory=dict)
+    first: dict[str, Any] | None = None
+    """The defaults' limit probe (``record_landscape``'s ``first_measurement``), if recorded."""
 
     @classmethod
     def load(cls, path: Path | str) -> Landscape:
@@ -93,8 +98,10 @@ class Landscape:
             first = statistics.median(cold["fresh_after_ray_start"][0]["windows"])
             warm = statistics.median(w for r in cold["warm_pool"] for w in r["windows"])
             ratio = first / warm
-        meta = {k: v for k, v in raw.items() if k not in ("points", "grid")}
-        return cls(raw["grid"], runs, raw["baseline_key"], ratio, meta)
+        meta = {k: v for k, v in raw.items() if k not in ("points", "grid", "first_measurement")}
+        first = raw.get("first_measurement")
+        return cls(raw["grid"], runs, raw["baseline_key"], ratio, meta,
+                   first if isinstance(first, dict) else None)  # fmt: skip
 
     def value(self, key: str) -> float:
         """A point's true throughput: the median of every window of every run of it."""
@@ -144,6 +151,7 @@ class ReplayMeasurer:
         rng: random.Random,
         *,
         cold_first: bool = False,
+        evidence: bool = True,
     ) -> None:
         self.landscape, self.study, self.space, self.d = landscape, study, space, definition
         self.rng = rng
@@ -152,6 +160,9 @@ class ReplayMeasurer:
         self.runner = _Runner()
         self.runners = [self.runner]
         self._cold = cold_first
+        self.can_probe = evidence and landscape.first is not None  # a first measurement
+        #: (simulated seconds at its end, grid point) of every measurement, in order.
+        self.log: list[tuple[float, str]] = []
 
     def now(self) -> float:
         return self.clock
@@ -186,7 +197,10 @@ class ReplayMeasurer:
         incumbent: Interval | None = None,
         measure: MeasureSettings | None = None,
         log_dir: Any = None,
+        limit: dict[str, Any] | None = None,
     ) -> TrialResult:
+        if limit is not None:
+            return self._probe()
         m = measure or self.d.measure
         run = self.rng.choice(self.landscape.runs[self.config_key(config)])
         scale = self.landscape.cold_ratio if self._cold else 1.0
@@ -213,25 +227,37 @@ class ReplayMeasurer:
         self.clock += wall
         self.timed_s += window_s
         steps = max(1, round(window_s * statistics.median(windows) / config.global_batch))
-        rank = RankResult(
-            rank=0,
-            applied={},
-            pid=0,
+        rank = replace(
+            _EMPTY,
             steps=steps,
             samples=steps * config.global_batch,
             window_s=window_s,
             windows=windows,
             steps_per_window=max(1, steps // len(windows)),
-            warmup_steps=0,
             stop=stop,
             setup_s=run.overhead_s,
-            warmup_s=0.0,
             measure_s=window_s,
-            loss=0.0,
-            loss_curve=[],
-            peak_memory_mb=0.0,
         )
+        self.log.append((self.clock, self.config_key(config)))
         return TrialResult(ranks=[rank], wall_s=wall)
+
+    def _probe(self) -> TrialResult:
+        """The recorded first measurement, on the clock for the seconds it took."""
+        first = self.landscape.first or {}
+        wall = float(first.get("wall_s") or 0.0)
+        self.clock += wall
+        rank = replace(_EMPTY, limit={k: v for k, v in first.items() if k in _PROBED})
+        return TrialResult(ranks=[rank], wall_s=wall)
+
+
+#: What a probe's record holds (the landscape's first measurement adds its own figures).
+_PROBED = {"world_size", "samples_per_step", "accumulation_steps", "steps", "ddp", "compute",
+           "comm"}  # fmt: skip
+_EMPTY = RankResult(
+    rank=0, applied={}, pid=0, steps=0, samples=0, window_s=0.0, windows=[],
+    steps_per_window=0, warmup_steps=0, stop="cap", setup_s=0.0, warmup_s=0.0, measure_s=0.0,
+    loss=0.0, loss_curve=[], peak_memory_mb=0.0,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -251,6 +277,12 @@ class ReplayResult:
     """Of them, the seconds inside timed windows (trials, re-validation, ablation)."""
     study: optuna.Study | None = field(default=None, repr=False, compare=False)
     """The replayed study (its trials, the screening summary, the re-validation)."""
+    #: Simulated seconds, and search trials (the baseline included), until the search first
+    #: measured a point at ``FOUND`` of the oracle or better; None when it never did.
+    found_s: float | None = None
+    found_trials: int | None = None
+    search_s: float = 0.0  #: simulated seconds the search ran, to its stop
+    stop: str | None = None  #: why it stopped (``autotune.stop``'s kinds)
 
 
 def replay(
@@ -269,12 +301,16 @@ def replay(
     emit: Emit = ignore,
     study: str = "default",
     rerun_windows: int | None = None,
+    evidence: bool = True,
+    early_stop: bool = True,
 ) -> ReplayResult:
     """One ``autotune run`` of ``study`` replayed on ``landscape``: ``n_trials`` trials (the
     baseline included) or ``budget_s`` simulated seconds, whichever ends first, then
     re-validation and the export's choice. ``storage``: resume the study ``replay`` there
     (a new in-memory one by default). ``rerun_windows``: the re-measurement runs' windows
-    (``MeasureSettings.rerun_windows``) instead of the study's."""
+    (``MeasureSettings.rerun_windows``) instead of the study's. ``evidence``: order the
+    screening by the landscape's first measurement (False: the listed order). ``early_stop``:
+    the convergence stop (``--no-early-stop`` when False)."""
     base = StudyDefinition.load(study)
     if rerun_windows is not None:
         base = replace(base, measure=replace(base.measure, rerun_windows=rerun_windows))
@@ -288,6 +324,7 @@ def replay(
         screening=screening,
         patience=patience,
         ablate=ablation,
+        early_stop=early_stop,
     )
     hardware = landscape.meta.get("hardware") or {}
     target = Target(
@@ -311,7 +348,7 @@ def replay(
         storage=storage or optuna.storages.InMemoryStorage(),
     )
     rng = random.Random(seed)
-    measure = ReplayMeasurer(landscape, st, space, d, rng, cold_first=cold_first)
+    measure = ReplayMeasurer(landscape, st, space, d, rng, cold_first=cold_first, evidence=evidence)
     budget = Budget(d, clock=measure.now)
     objective = Objective(
         study=st, space=space, definition=d, measure=measure, budget=budget, emit=emit
@@ -326,54 +363,24 @@ def replay(
         emit=emit,
     )
     search.run()
+    search_s, oracle = measure.clock, landscape.oracle()[1]
+    # the search's first measurement of a point at FOUND of the oracle: (trials, seconds)
+    good = (v for v in enumerate(measure.log, 1) if landscape.value(v[1][1]) >= FOUND * oracle)
+    found = next(good, (None, (None, "")))
     conclude(st, d, space, budget, measure, emit)  # type: ignore[arg-type]
     profile = study_profile(st)
     key = measure.config_key(profile.trial_config())
     value = landscape.value(key)
     return ReplayResult(
+        found_s=found[1][0],
+        found_trials=found[0],
+        search_s=search_s,
+        stop=None if search.stop is None else search.stop.kind,
         exported=key,
         value=value,
-        share=value / landscape.oracle()[1],
+        share=value / oracle,
         trials=sum(t.state.is_finished() for t in st.trials),
         seconds=measure.clock,
         timed_s=measure.timed_s,
         study=st,
     )
-
-
-def summarise(results: list[dict[str, Any]], bar: str = "random") -> dict[str, dict[str, Any]]:
-    """Per strategy: oracle shares and the paired comparison with ``bar`` by seed."""
-    by: dict[str, dict[int, dict[str, Any]]] = {}
-    for r in results:
-        by.setdefault(r["strategy"], {})[r["seed"]] = r
-    out: dict[str, dict[str, Any]] = {}
-    for name, runs in by.items():
-        shares = sorted(r["share"] for r in runs.values())
-        row: dict[str, Any] = {
-            "seeds": len(shares),
-            "median_share": round(statistics.median(shares), 4),
-            "p10_share": round(shares[len(shares) // 10], 4),
-            "at_98": round(sum(s >= 0.98 for s in shares) / len(shares), 3),
-            "median_trials": statistics.median(r["trials"] for r in runs.values()),
-        }
-        if all("efficiency" in r for r in runs.values()):
-            row["median_efficiency"] = round(
-                statistics.median(r["efficiency"] for r in runs.values()), 3
-            )
-        if bar in by and name != bar:
-            w = t = lo = 0
-            for seed, r in runs.items():
-                other = by[bar].get(seed)
-                if other is None:
-                    continue
-                if abs(r["value"] - other["value"]) <= TIE * other["value"]:
-                    t += 1
-                elif r["value"] > other["value"]:
-                    w += 1
-                else:
-                    lo += 1
-            n = w + t + lo
-            row.update(wins=w, ties=t, losses=lo, win_share=round(w / n, 3) if n else None)
-            row["beats_or_ties"] = round((w + t) / n, 3) if n else None
-        out[name] = row
-    return out

@@ -34,6 +34,7 @@ from autotune.report_figures import (
     limit_section,
 )
 from autotune.screening import verdict
+from autotune.stop import search_lines
 from autotune.study_record import (
     baseline_trial,
     complete,
@@ -310,6 +311,7 @@ def _summary(study: optuna.Study) -> tuple[str, FrozenTrial | None]:
                 f"until re-measured): {_changed(best, base)}",
             ]
         )
+    rows.extend([k, v] for k, v in search_lines(study))
     for item in rec.get("left_out", []):
         rows.append(["left out", item])
     return html_table(["", ""], rows), base

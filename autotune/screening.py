@@ -6,7 +6,11 @@ therefore starts (after the baseline) with:
 
 1. **screening** - one trial per prior in ``PRIORS`` that applies to the target and that the
    space contains: every knob at its default except that one (with the children it switches
-   on at their defaults, or as the prior says). The priors are ordered, each with its reason;
+   on at their defaults, or as the prior says). With a first measurement of the defaults
+   (``autotune.bottleneck``), the priors are screened in order of their expected gain, and a
+   prior whose optimistic gain is within the baseline's noise is skipped (``plan``; the run
+   says which and why). Without one (script mode, or the probe failed) they are screened in
+   the order listed, each with its reason;
 2. **the defaults again** (a re-anchoring run, ``study_record.enqueue_anchor``): each effect
    is measured against the median of the defaults' runs before and after the screening, so
    that neither a cold first baseline nor drift decides what helps;
@@ -40,12 +44,14 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from autotune.bottleneck import Evidence, expected_gain
 from autotune.events import ScreeningDone
 from autotune.knobs import Target
 from autotune.space import ResolvedSpace, contains
 from autotune.study_record import anchors, enqueue_anchor, throughput
 
-__all__ = ["HELPS", "PRIORS", "Prior", "Screening", "applicable", "verdict"]
+__all__ = ["HELPS", "PRIORS", "Planned", "Prior", "Screening", "applicable", "plan", "ruled_out"]
+__all__ += ["verdict"]
 
 #: The ``anchor`` attribute of the run of the defaults that closes the screening.
 AGAIN = "after screening"
@@ -148,6 +154,54 @@ def applicable(space: ResolvedSpace) -> list[tuple[Prior, dict[str, Any]]]:
     return out
 
 
+#: Where an unmodelled prior (no expected gain) ranks among the modelled ones: about what
+#: ``static_graph`` and bucket views measured alone on the recorded landscapes (1.01-1.07x).
+UNMODELLED = 1.05
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A screening prior with its trial's params and its expected (optimistic) gain; None:
+    no model applies, or nothing was measured first."""
+
+    prior: Prior
+    params: dict[str, Any]
+    gain: float | None
+
+
+def plan(space: ResolvedSpace, evidence: Evidence | None) -> tuple[list[Planned], list[Planned]]:
+    """(the priors to screen, in order; the priors skipped). Without ``evidence``, every
+    applicable prior in the listed order. With it, by expected gain, highest first
+    (``UNMODELLED`` standing in where no model applies), and those whose optimistic gain is
+    within the baseline's noise (``evidence.noise``, at least ``HELPS``) skipped."""
+    todo = [Planned(p, params, None) for p, params in applicable(space)]
+    if evidence is None:
+        return todo, []
+    bar = 1 + max(evidence.noise, HELPS)
+    rated = [Planned(t.prior, t.params, expected_gain(t.prior.moves, evidence)) for t in todo]
+    keep = [t for t in rated if t.gain is None or t.gain > bar]
+    skip = [t for t in rated if t.gain is not None and t.gain <= bar]
+    keep.sort(key=lambda t: -(UNMODELLED if t.gain is None else t.gain))  # stable: listed order
+    return keep, skip
+
+
+def ruled_out(study: optuna.Study) -> frozenset[str]:
+    """The knob names whose screening trial the run measured as no gain (completed, not
+    ``helps``): the limit line does not name their family as the next step."""
+    summary = study.user_attrs.get("screening")
+    out: set[str] = set()
+    if isinstance(summary, dict):
+        for s in summary.values():
+            if (
+                isinstance(s, dict)
+                and s.get("helps") is False
+                and isinstance(s.get("moves"), dict)
+                and s.get("state") in ("COMPLETE", "PRUNED")
+            ):
+                out.update(k for k in s["moves"] if isinstance(k, str))
+    return frozenset(out)
+
+
 def verdict(effect: dict[str, Any]) -> str:
     """What a screening effect says, in words: ``helps`` only when the gain is beyond the
     trial's own noise (its speedup at the low end of its 95 % interval still above 1; the
@@ -215,6 +269,23 @@ class Screening:
     def __init__(self, study: optuna.Study, space: ResolvedSpace) -> None:
         self.study, self.space = study, space
         self._lock = threading.Lock()
+        #: The first measurement (``Search`` sets it once the probe after the baseline ran).
+        self.evidence: Evidence | None = None
+
+    def untried_or_open(self) -> bool:
+        """Whether the screening is still going on (its effects not summarised yet)."""
+        return not isinstance(self.study.user_attrs.get("screening"), dict)
+
+    def untried(self) -> list[Planned]:
+        """The planned priors not screened yet (none once the screening is summarised)."""
+        if isinstance(self.study.user_attrs.get("screening"), dict):
+            return []
+        done = {
+            t.user_attrs["screen"]
+            for t in self.study.get_trials(deepcopy=False)
+            if "screen" in t.user_attrs and t.state != TrialState.WAITING
+        }
+        return [t for t in plan(self.space, self.evidence)[0] if t.prior.label not in done]
 
     def step(self) -> ScreeningDone | None:
         """Queue what comes next unless one of ours is queued already: the next prior not yet
@@ -230,11 +301,12 @@ class Screening:
                 self._fold_over(trials, summary)
                 return None
             done = {t.user_attrs["screen"] for t in ours if "screen" in t.user_attrs}
-            plan = applicable(self.space)
-            todo = [(prior, params) for prior, params in plan if prior.label not in done]
+            todo = [t for t in plan(self.space, self.evidence)[0] if t.prior.label not in done]
             if todo:
-                prior, params = todo[0]
-                self.study.enqueue_trial(params, user_attrs={"screen": prior.label})
+                attrs: dict[str, Any] = {"screen": todo[0].prior.label}
+                if todo[0].gain is not None:
+                    attrs["expected_gain"] = round(todo[0].gain, 4)
+                self.study.enqueue_trial(todo[0].params, user_attrs=attrs)
                 return None
             screened = [t for t in ours if "screen" in t.user_attrs]
             again = [t for t in ours if t.user_attrs.get("anchor") == AGAIN]

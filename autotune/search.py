@@ -1,4 +1,22 @@
-"""The search driver: the baseline first, then trials until the budget says stop.
+"""The search driver: the baseline first, then the first measurement of the defaults, then
+trials until a stop.
+
+The first measurement (``_first_look``) is the limit probe of the baseline's configuration,
+taken once and stored on the study (``bottleneck.FIRST_ATTR``): it orders the screening by
+expected gain and skips what cannot help (``screening.plan``). The search stops for one of the
+reasons in ``autotune.stop``, each said in one line and stored on the study:
+
+* **budget**: another trial and the reserve no longer fit. The reserve covers the
+  re-validation and ablation of the candidates that beat the defaults *beyond their noise*
+  (a candidate within it earns no room of its own), and the limit probe. While screening
+  priors whose expected gain is beyond the noise are untried and more than a third of the
+  budget is left, the reserve does not stop the search (``UNTRIED_SHARE``).
+* **converged** (``--no-early-stop`` turns it off): once the screening is done and at least
+  ``CONVERGE_MIN_TRIALS`` trials completed, after each trial a GP over them (Optuna's
+  ``RegretBoundEvaluator``) bounds how much any point of the space could still beat the best
+  by; when that bound is below the measured run-to-run noise (``noise_abs``) for
+  ``CONVERGED_TRIALS`` trials in a row, the search ends and the rest of the budget goes back.
+* ``--n-trials``, ``--patience``, an exhausted grid.
 
 Every trial runs on a worker thread, one per placement group, each calling
 ``study.optimize(n_trials=1)`` in turn; Optuna's storage hands each thread its trial, and
@@ -15,6 +33,7 @@ re-raises to the caller, which exports the best profile so far.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -22,15 +41,17 @@ from collections.abc import Callable
 import optuna
 from optuna.trial import TrialState
 
+from autotune.bottleneck import Evidence
 from autotune.budget import Budget
 from autotune.errors import TrialFailed, interrupted_by
 from autotune.events import BudgetStarted, Emit, Note
-from autotune.knobs import changed_knobs
+from autotune.first_look import first_measurement
 from autotune.launcher import TrialRunner
 from autotune.measure import Measurer
 from autotune.objective import Objective
-from autotune.screening import Screening
+from autotune.screening import HELPS, Screening
 from autotune.space import ResolvedSpace
+from autotune.stop import STOP_ATTR, Convergence, StopRecord, reserve_for
 from autotune.study_record import (
     baseline_trial,
     baselines,
@@ -39,7 +60,6 @@ from autotune.study_record import (
     enqueue_baseline,
     throughput,
 )
-from autotune.validation import candidates
 
 __all__ = ["ANCHOR_EVERY", "BASELINE_POLL_S", "Search"]
 
@@ -49,6 +69,9 @@ BASELINE_POLL_S = 2.0
 ANCHOR_EVERY = 10
 #: How long Ctrl-C waits for the aborted trials to be recorded.
 ABORT_WAIT_S = 30.0
+#: While more than this share of the budget is left, untried screening priors whose expected
+#: gain is beyond the noise are screened whatever the reserve would say.
+UNTRIED_SHARE = 1 / 3
 
 
 class Search:
@@ -85,22 +108,74 @@ class Search:
         self._finished = 0  # trials this invocation ran to an end
         self._stale = 0  # of them, in a row, not better than the best before them
         self._best: float | None = None
-        self.stop_reason: str | None = None
-        """Why the search stopped before its budget (``--n-trials``, ``--patience``)."""
+        self.stop: StopRecord | None = None
+        """Why the search stopped (``autotune.stop``)."""
+        self.evidence: Evidence | None = None
+        """The first measurement of the defaults (``autotune.bottleneck``)."""
+        self._convergence = Convergence()
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the search stopped before its budget, in words; None when the budget ran out."""
+        return None if self.stop is None or self.stop.kind == "budget" else self.stop.why
 
     def run(self) -> None:
         """Search until the budget is spent (or a trial stops the run by raising)."""
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         self.budget.start()
         self.tick()
-        self.emit(BudgetStarted(budget_s=self.budget.total_s))
+        self.emit(BudgetStarted(budget_s=self.budget.total_s, spent_s=self.budget.elapsed_s()))
         ready: list[bool] = []
         self._off_main([lambda: ready.append(self._baseline_first())])
         if not ready or not ready[0]:
             return
         with self._lock:  # a resumed study: --patience counts from the best it already has
             self._best = max((throughput(t) for t in complete(self.study)), default=None)
+        if self.screening is not None:
+            self._off_main([self._first_look])
         self._off_main([lambda r=r: self._trials_on(r) for r in self.runners])
+        if self.stop is None:  # every thread found the budget spent
+            self._stopped("budget", "the budget is spent")
+        self.emit(Note(self.stop.line()))  # type: ignore[union-attr]
+        self.study.set_user_attr(STOP_ATTR, self.stop.to_attrs())  # type: ignore[union-attr]
+
+    def _stopped(self, kind: str, why: str, kept_s: float = 0.0) -> None:
+        """Record the first reason the search stops (later threads find it set)."""
+        with self._lock:
+            if self.stop is not None:
+                return
+            self.stop = StopRecord(
+                kind=kind,
+                why=why,
+                at_s=self.budget.elapsed_s(),
+                budget_s=self.budget.total_s,
+                kept_s=kept_s,
+            )
+
+    def record_stop(self, kind: str, why: str) -> None:
+        """The run was stopped from outside the search (``tuner``): record and store why,
+        unless the search had stopped already (then the stop came during what follows it)."""
+        if self.stop is not None:
+            return
+        self._stopped(kind, why)
+        assert self.stop is not None
+        # the storage that stopped the run may be gone: the log line is said all the same
+        with contextlib.suppress(Exception):
+            self.study.set_user_attr(STOP_ATTR, self.stop.to_attrs())
+        self.emit(Note(self.stop.line()))
+
+    def _first_look(self) -> None:
+        """The first measurement (``first_look``), given to the screening."""
+        assert self.screening is not None
+        self.evidence = self.screening.evidence = first_measurement(
+            study=self.study,
+            space=self.space,
+            measure=self.measure,
+            definition=self.objective.d,
+            budget=self.budget,
+            logs=getattr(self.objective, "logs", None),
+            emit=self.emit,
+        )
 
     def _one_trial(self, serial: bool = False) -> None:
         """One trial through ``study.optimize``. ``serial``: take the trial (Optuna's ask,
@@ -171,27 +246,75 @@ class Search:
             if isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(
                 self.study
             ):  # what its study.stop() ended with one study.optimize call
-                self.stop_reason = "every point of the grid is measured"
+                why = ("grid", "every point of the grid is measured")
             elif d.n_trials is not None and self._finished >= d.n_trials:
-                self.stop_reason = f"--n-trials {d.n_trials}: {self._finished} trials run"
+                why = ("n_trials", f"--n-trials {d.n_trials}: {self._finished} trials run")
             elif d.patience is not None and self._stale >= d.patience:
-                self.stop_reason = (
-                    f"--patience {d.patience}: {self._stale} trials in a row did not beat the best"
-                )
-            return self.stop_reason is not None
+                why = ("patience", f"--patience {d.patience}: {self._stale} trials in a row "
+                       "did not beat the best")  # fmt: skip
+            else:
+                return False
+        self._stopped(*why)
+        return True
 
     def _room_for_another(self) -> bool:
-        """Whether the budget holds another trial (and, once some trial beat the baseline,
-        the re-validation after it), and no trial limit is reached."""
-        if self.budget.left_s() <= 0 or self._limit_reached():
-            return False  # before asking the storage anything
-        done = complete(self.study)
-        qualify = len(candidates(self.study, self.objective.d.validate_top))
-        best = max(done, key=throughput, default=None)
-        ablate = 0
-        if best is not None and self.objective.d.ablate:
-            ablate = len(changed_knobs(best.params, self.space.baseline_params()))
-        return self.budget.room_for_another(to_revalidate=qualify, ablate=ablate)
+        """Whether another trial is to run: no limit reached, not converged, and the budget
+        holds the trial and the reserve (module doc); the first reason to stop is recorded."""
+        left = self.budget.left_s()
+        if left <= 0:
+            self._stopped("budget", "the budget is spent")
+            return False
+        if self._limit_reached() or self._converged():
+            return False
+        wall = self.budget.trial_s()
+        if wall is None:
+            return True
+        if self._untried_beyond_noise() and left > UNTRIED_SHARE * self.budget.total_s:
+            if left >= wall:  # the evidence says a prior can gain: screen it first
+                return True
+            self._stopped("budget", f"{left:.0f} s left, less than a trial ({wall:.0f} s)")
+            return False
+        qualify, ablate, rounds = reserve_for(
+            self.study, self.space.baseline_params(), self.objective.d
+        )
+        kept = self.budget.reserve_s(to_revalidate=qualify, ablate=ablate, rounds=rounds)
+        if left >= wall + kept:
+            return True
+        what = f"{qualify} candidate(s)" if qualify else "no candidate"
+        self._stopped(
+            "budget",
+            f"{left:.0f} s left does not hold a trial ({wall:.0f} s) and the {kept:.0f} s kept "
+            f"for re-validating {what}"
+            + (f" and ablating {ablate} knobs" if qualify and ablate >= 2 else "")
+            + " and the limit probe",
+            kept_s=kept,
+        )
+        return False
+
+    def _untried_beyond_noise(self) -> bool:
+        """Untried screening priors whose expected gain is beyond the noise."""
+        if self.screening is None or self.evidence is None:
+            return False
+        bar = 1 + max(self.evidence.noise, HELPS)
+        return any(p.gain is not None and p.gain > bar for p in self.screening.untried())
+
+    def _converged(self) -> bool:
+        """The convergence stop (module doc; ``stop.Convergence``), once the screening is done
+        and unless ``--no-early-stop``, a multi-objective study or a grid."""
+        d = self.objective.d
+        if not d.early_stop or d.multi_objective or d.sampler == "grid":
+            return False
+        if self.screening is not None and self.screening.untried_or_open():
+            return False
+        why, failed = self._convergence.judge(self.study)
+        if failed:
+            self.emit(Note(f"Convergence not judged: the GP over the trials failed ({failed}); "
+                           "the budget stops the search"))  # fmt: skip
+        if why is None:
+            return False
+        self._stopped("converged", f"{why}; {self.budget.left_s():.0f} s of the budget "
+                      "returned (--no-early-stop searches on)")  # fmt: skip
+        return True
 
     def _between_trials(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         """Optuna's callback after each trial: count it."""

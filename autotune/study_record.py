@@ -61,6 +61,7 @@ __all__ = [
     "open_study",
     "record",
     "record_failure",
+    "rel_noise",
     "tag",
     "throughput",
     "validation",
@@ -130,6 +131,13 @@ def complete(study: optuna.Study) -> list[FrozenTrial]:
 def throughput(t: FrozenTrial) -> float:
     """A COMPLETE trial's samples/s (its first objective, whatever the study's objectives)."""
     return t.values[0]
+
+
+def rel_noise(t: FrozenTrial) -> float:
+    """The relative half-width of a trial's 95 % interval (0 when it has none)."""
+    interval = t.user_attrs.get("interval")
+    v = interval.get("rel_half_width") if isinstance(interval, dict) else None
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
 
 
 def baseline_trial(study: optuna.Study) -> FrozenTrial | None:

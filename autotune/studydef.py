@@ -136,6 +136,13 @@ class StudyDefinition:
         help="start with the designed screening (each high-prior knob moved alone from the "
         "defaults, then the helpful ones combined) before the sampler proposes trials",
     )
+    early_stop: bool = setting(
+        True,
+        Switch(),
+        help="end the search once it has converged: for 5 trials in a row, a GP over the "
+        "trials so far bounds what any unmeasured point could still gain within the measured "
+        "noise; the rest of the budget is returned",
+    )
 
     seed: int | None = setting(None, Whole(), unset="none", help="sampler and data seed")
     trial_timeout_s: float | None = setting(
@@ -180,8 +187,9 @@ class StudyDefinition:
     limit: bool = setting(
         True,
         Switch(),
-        help="at the end, measure how far the defaults and the exported configuration are from "
-        "the limit: the step's phases, the compute ceiling, the all-reduce alone, a trace",
+        help="probe the defaults right after the baseline (what bounds the step orders the "
+        "screening) and the exported configuration at the end: the step's phases, the compute "
+        "ceiling, the all-reduce alone and at several sizes, a trace; --no-limit skips both",
     )
     free_batch: bool = setting(
         False,

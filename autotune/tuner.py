@@ -36,6 +36,7 @@ from autotune.ablation import ablate
 from autotune.budget import Budget
 from autotune.cluster import RankPlan, connect, plan_ranks
 from autotune.config import TrialConfig
+from autotune.durations import format_duration
 from autotune.errors import (
     BaselineFailed,
     ClusterLost,
@@ -53,6 +54,7 @@ from autotune.limit import measure_limit
 from autotune.measure import Measurer
 from autotune.objective import Objective
 from autotune.paths import check_study_name, check_writable, file_stem
+from autotune.screening import ruled_out
 from autotune.script_job import ScriptJob, script_job
 from autotune.search import Search
 from autotune.space import ResolvedSpace, SearchSpace
@@ -85,6 +87,9 @@ class RunRequest:
     storage_url: str | None = None
     address: str | None = None
     profile_path: Path | None = None
+    started: float | None = None
+    """``time.monotonic()`` when the command started: the budget counts from there (Ray's
+    start and the placement included). None: from the first trial."""
     sigterm: bool = False
     """Stop on SIGTERM as on Ctrl-C (the CLI sets it; call ``run`` from the main thread). The
     handler is installed once Ray is connected: ``ray.init`` installs Ray's own, which would
@@ -165,7 +170,7 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
                     f"{d.placement})"
                 )
             )
-        budget = Budget(d)
+        budget = Budget(d, started=req.started)
         measure = Measurer(study=study, runners=runners, definition=d)
         objective = Objective(
             study=study,
@@ -194,16 +199,17 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
         try:
             # 5. Trials until the budget is spent.
             search.run()
-            if search.stop_reason:
-                emit(Note(f"Stopped before the budget: {search.stop_reason}"))
             # 6-7. Re-measure the best few against the baseline; keep only what carries the gain.
             conclude(study, d, resolved, budget, measure, emit)
             if d.limit:
-                _limit(study, d, measure, req.run_dir / "logs" / file_stem(name) / "limit", emit)
+                _limit(study, d, measure, req.run_dir / "logs" / file_stem(name) / "limit", emit,
+                       device=target.device)  # fmt: skip
         except KeyboardInterrupt as e:
             _interrupted(summary, e, emit)
+            search.record_stop("interrupted", f"interrupted ({interrupted_by(e)})")
         except ClusterLost as e:
             summary.stopped = str(e)
+            search.record_stop("cluster_lost", str(e))
         except BaselineFailed:
             raise  # nothing was measured: there is no profile to export
         except Exception as e:  # noqa: BLE001 - reported, and the profile still exported
@@ -211,8 +217,16 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
             summary.stopped = f"{type(cause).__name__}: {first_line(str(cause))}"
             emit(Note(f"Stopped by an error: {summary.stopped}; "
                       "exporting the best profile so far"))  # fmt: skip
+            search.record_stop("error", summary.stopped)
         # 8. The profile.
         _export(summary, study, profile_path, d.budget_s)
+        if search.stop is not None and search.stop.kind == "converged":
+            used = budget.elapsed_s()
+            at, left = (
+                format_duration(round(search.stop.at_s)),
+                format_duration(round(budget.total_s - used)),
+            )
+            emit(Note(f"Converged at {at}; the run ended {left} before its budget"))
         return summary
     finally:
         for r in runners:
@@ -253,7 +267,12 @@ def conclude(
 
 
 def _limit(
-    study: optuna.Study, d: StudyDefinition, measure: Measurer, trace_dir: Path, emit: Emit
+    study: optuna.Study,
+    d: StudyDefinition,
+    measure: Measurer,
+    trace_dir: Path,
+    emit: Emit,
+    device: str = "cpu",
 ) -> None:
     """Probe the defaults and the configuration the profile will export (when it differs)."""
     base = baseline_trial(study)
@@ -269,7 +288,8 @@ def _limit(
     which = " and ".join(f"{k} (trial {trials[k]})" for k in configs)
     emit(Note(f"Measuring how far from the limit: {which}"))
     measure_limit(study, measure, configs=configs, trials=trials, trace_dir=trace_dir,
-                  free_batch=d.free_batch, emit=emit)  # fmt: skip
+                  free_batch=d.free_batch, emit=emit, device=device,
+                  ruled_out=ruled_out(study))  # fmt: skip
 
 
 def _interrupted(summary: RunSummary, e: KeyboardInterrupt, emit: Emit) -> None:

@@ -17,6 +17,16 @@ the same, now warm, processes, then (c) in a new pool of fresh processes after o
 run of the defaults, (d) the same in yet another fresh pool without the discarded run. Each
 with the full ``--windows``.
 
+After it, the **first measurement**: the limit probe of the defaults, as ``autotune run``
+takes it right after its baseline trial (``autotune.limit.probe_one``; phases, the all-reduce
+alone and the alpha-beta sweep), stored as ``first_measurement`` with its wall seconds; the
+replay orders its screening from it. ``--probe-only`` adds just that to an existing landscape
+(``--out``), measured on the same setup now:
+
+    autotune lab up --nodes 2 --rate 1gbit --cpus-per-node 1
+    autotune lab exec -- python bench/record_landscape.py --study lab --probe-only \
+        --address auto --out bench/landscapes/lab-1gbit.json
+
 The file is small JSON (a few hundred kB): it is shipped under ``bench/landscapes/``.
 """
 
@@ -37,6 +47,7 @@ from autotune.config import TrialConfig
 from autotune.errors import TrialFailed
 from autotune.knobs import Target
 from autotune.launcher import TrialRunner
+from autotune.limit import probe_one
 from autotune.replay import point_key
 from autotune.space import SearchSpace
 from autotune.studydef import StudyDefinition
@@ -54,6 +65,11 @@ def args_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="order of the points in each round")
     p.add_argument("--out", default=str(HERE / "landscapes" / "default-loopback.json"))
     p.add_argument("--address", help="an existing Ray cluster (auto or HOST:PORT)")
+    p.add_argument(
+        "--probe-only",
+        action="store_true",
+        help="add only the first measurement (the defaults' limit probe) to the landscape --out",
+    )
     return p
 
 
@@ -77,6 +93,8 @@ def main() -> None:
     started = time.monotonic()
     out: dict[str, Any] = {"study": d.name, "trainer": d.trainer, "windows": a.windows}
     path = Path(a.out)
+    if a.probe_only:
+        out = json.loads(path.read_text())
     path.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:
@@ -130,6 +148,25 @@ def main() -> None:
         out["hardware"] = {
             k: hw.get(k) for k in ("device", "device_name", "cpus", "torch", "bf16", "bf16_native")
         }
+
+        def first_measurement(r: TrialRunner) -> dict[str, Any]:
+            def run(trial: int, config: TrialConfig, limit: dict[str, Any]) -> Any:
+                return r.run(trial=trial, trainer=d.trainer,
+                             trainer_options=dict(d.trainer_options), config=config,
+                             measure=d.measure, seed=d.seed or 0, timeout_s=600,
+                             limit=limit)  # fmt: skip
+
+            rec = probe_one(run, 0, base_cfg, device=hw["device"])
+            rec["measured_at"] = time.strftime("%Y-%m-%d")
+            print("first measurement", json.dumps(rec["bounds"]), rec["wall_s"], flush=True)
+            return rec
+
+        if a.probe_only:  # the pool warm, as after a run's baseline trial
+            measure(first, base_cfg, 0)
+            out["first_measurement"] = first_measurement(first)
+            save()
+            first.close()
+            return
         out["grid"] = grid
         out["baseline_key"] = point_key(base_point)
         # The cold-baseline experiment.
@@ -145,6 +182,7 @@ def main() -> None:
         cold["fresh_again"] = [measure(third, base_cfg, 5)]
         out["cold_baseline"] = cold
         print(json.dumps(cold), flush=True)
+        out["first_measurement"] = first_measurement(third)
         save()
         # The grid, interleaved by round.
         points = grid_points(grid)

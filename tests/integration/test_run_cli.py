@@ -142,6 +142,16 @@ def test_the_run_says_how_far_its_profile_is_from_the_limit(finished_run):
     assert "gloo:all_reduce" in {e.get("name") for e in trace["traceEvents"]}
     line = next(ln for ln in finished_run["stdout"].splitlines() if ln.startswith("Limit      "))
     assert "of the compute ceiling" in line and "next: " in line
+    # the defaults were probed once, right after the baseline, and the end reused it
+    first = study.user_attrs["first_measurement"]
+    assert first["probe"]["bounds"] == base["bounds"] and first["probe"]["trial"] == 0
+    assert len(set(first["probe"]["comm"]["fit_bytes"])) >= 2  # the alpha-beta sweep
+    assert "First measurement (" in finished_run["stdout"]
+    assert "Screening order from the first measurement:" in finished_run["stdout"]
+    # why the search stopped: said, and stored
+    stop = study.user_attrs["stop"]
+    assert stop["kind"] in ("budget", "converged") and stop["budget_s"] > 0
+    assert "Search stopped at" in finished_run["stdout"]
     # the dashboard's note leads with the same line
     assert line.removeprefix("Limit      ") in get_note(study).split("## Exported profile")[0]
 
@@ -309,7 +319,7 @@ def test_a_failing_configuration_is_recorded_and_the_study_goes_on(ray_address, 
     later = [t for t in trials if t.number > failed[0].number and t.state != TrialState.FAIL]
     assert later  # the study went on after the failure
     assert "FAIL crash: rank" in p.stdout
-    assert "Stopped before the budget: --n-trials 5: 5 trials run" in p.stdout
+    assert "Search stopped at" in p.stdout and "--n-trials 5: 5 trials run" in p.stdout
     # Rank logs: the failure's are kept with the error in them, the baseline's too; a trial
     # that ran has none left.
     logs = Path(run_env["AUTOTUNE_HOME"]) / "logs" / "quick-autotune_test_trainers.no_bf16-gloo-2r"
@@ -404,7 +414,7 @@ def test_ray_address_joins_the_cluster_as_ray_job_submit_would(ray_address, run_
     p = autotune(env, "run", "--study", "quick", "--budget", "5m", "--n-trials", "1",
                  "--validate-top", "0")  # fmt: skip
     assert f"Joined the Ray cluster at {ray_address} (RAY_ADDRESS)" in p.stdout, p.stdout
-    assert "Stopped before the budget: --n-trials 1: 1 trials run" in p.stdout
+    assert "Search stopped at" in p.stdout and "--n-trials 1: 1 trials run" in p.stdout
 
 
 def group_of(pgid: int) -> list[str]:

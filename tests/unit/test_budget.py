@@ -104,3 +104,31 @@ def test_failed_trials_count_for_the_trial_wall_not_for_the_rerun():
     b.trial_done(6.0, rerun_wall_s=4.0)
     # median trial wall 28 s; the plan is sized by the re-run wall (4 s): 4 x 10 x 4 <= 200
     assert b.validation_plan() == validation_plan(b.d, 600, 4.0) == (3, 10)
+
+
+def test_the_budget_counts_from_the_command_s_start_when_it_is_given():
+    now = [100.0]
+    d = StudyDefinition(name="t", budget_s=60)
+    b = Budget(d, clock=lambda: now[0], started=90.0)  # Ray took 10 s before the search
+    b.start()
+    assert b.elapsed_s() == 10.0 and b.left_s() == 50.0
+    plain = Budget(d, clock=lambda: now[0])
+    plain.start()
+    assert plain.left_s() == 60.0  # without it, from the first trial on
+
+
+def test_the_reserve_is_what_room_for_another_keeps():
+    now = [0.0]
+    d = StudyDefinition(name="t", budget_s=600, validate_top=3, validate_rounds=5)
+    b = Budget(d, clock=lambda: now[0])
+    assert b.reserve_s(to_revalidate=3) == 0.0  # no trial yet: nothing known
+    b.trial_done(6.0, rerun_wall_s=6.0)  # plan (3, 8)
+    assert b.trial_s() == 6.0
+    one = b.reserve_s(to_revalidate=1)
+    assert one == pytest.approx(2 * 8 * 6 + b.limit_reserve_s(6.0))
+    assert b.reserve_s(to_revalidate=1, ablate=2) == pytest.approx(one + 3 * 8 * 6)
+    assert b.reserve_s(to_revalidate=0) == pytest.approx(b.limit_reserve_s(6.0))
+    now[0] = 600 - (6.0 + one)  # exactly a trial and the reserve left
+    assert b.room_for_another(to_revalidate=1)
+    now[0] += 1.0
+    assert not b.room_for_another(to_revalidate=1)

@@ -219,4 +219,7 @@ def test_ctrl_c_while_a_trial_is_told_leaves_no_trial_running(ctrl_c_raises):
     with pytest.raises(KeyboardInterrupt):
         replay(land, seed=0, storage=storage)
     trials = optuna.load_study(study_name="replay", storage=storage).trials
-    assert [t.state for t in trials] == [TrialState.COMPLETE] * 3
+    # trial 2 (here the first measurement put the 5 MB buckets' screening trial second, ahead
+    # of the fp16 hook, which is pruned) keeps the end it was told: measured, not RUNNING
+    assert len(trials) == 3 and trials[0].state == trials[1].state == TrialState.COMPLETE
+    assert trials[2].state in (TrialState.COMPLETE, TrialState.PRUNED)

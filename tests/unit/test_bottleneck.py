@@ -1,0 +1,173 @@
+"""The first measurement (``autotune.bottleneck``): the alpha-beta fit, what bounds a step, each
+prior's expected gain, the screening plan built from them, and the stored record read back as
+untrusted input. Probe records are written by hand in the shape ``rank_limit.probe`` returns;
+the probe itself runs in ``tests/integration/test_limit.py``."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+
+from autotune.bottleneck import Evidence, expected_gain, fit_alpha_beta
+from autotune.knobs import Target
+from autotune.screening import plan
+from autotune.space import SearchSpace
+
+#: A slow link: a 67 MB all-reduce in two buckets takes 0.56 s of a 0.71 s step, nothing hidden
+#: (the network lab at 1 Gbit, rounded).
+COMM_BOUND = {
+    "world_size": 2,
+    "samples_per_step": 128,
+    "accumulation_steps": 1,
+    "ddp": {"data": 0.002, "forward": 0.021, "backward": 0.62, "optimizer": 0.066, "step": 0.709},
+    "compute": {"data": 0.002, "forward": 0.021, "backward": 0.049, "optimizer": 0.068,
+                "step": 0.14},
+    "comm": {"comm_s": 0.563, "last_bucket_s": 0.281, "buckets": 2, "wire_bytes": 67_272_768,
+             "fit_bytes": [1024, 131072, 4194304], "fit_s": [0.000624, 0.000865, 0.034699]},
+}  # fmt: skip
+
+
+def rec(**changes):
+    r = copy.deepcopy(COMM_BOUND)
+    for path, value in changes.items():
+        section, _, key = path.partition("__")
+        if key:
+            r[section][key] = value
+        else:
+            r[section] = value
+    return r
+
+
+#: A tiny model: a 4 KB all-reduce whose time is all per-message latency, 68 % of the step.
+LATENCY_BOUND = rec(
+    ddp__backward=0.0075, ddp__step=0.01, ddp__forward=0.001, ddp__optimizer=0.0005,
+    ddp__data=0.001, compute__backward=0.0007, comm__comm_s=0.0068, comm__last_bucket_s=0.0068,
+    comm__buckets=1, comm__wire_bytes=4096, comm__fit_bytes=[1024, 131072, 4194304],
+    comm__fit_s=[0.0068, 0.0069, 0.0071],
+)  # fmt: skip
+#: Everything hidden: the all-reduce is shorter than the backward it overlaps.
+COMPUTE_BOUND = rec(ddp__backward=0.3, ddp__step=0.39, compute__backward=0.3,
+                    comm__comm_s=0.05, comm__last_bucket_s=0.02)  # fmt: skip
+
+
+def ev(record, noise=0.02, device="cpu"):
+    return Evidence.from_probe(record, device=device, noise=noise)
+
+
+def test_the_alpha_beta_fit_recovers_latency_and_bandwidth():
+    alpha, per_byte = 50e-6, 8 / 1e9  # 50 us, 1 Gbit/s
+    sizes = [1024, 131072, 4194304]
+    fit = fit_alpha_beta(sizes, [alpha + b * per_byte for b in sizes])
+    assert fit is not None
+    assert fit[0] == pytest.approx(alpha, rel=1e-6) and fit[1] == pytest.approx(per_byte)
+    assert fit_alpha_beta([4096], [0.001]) is None  # one size cannot split the two
+    assert fit_alpha_beta([4096, 4096], [0.001, 0.002]) is None
+    # noise that tilts the line below zero does not make a message cost less than nothing
+    a, b = fit_alpha_beta([1024, 2048], [0.002, 0.001])
+    assert a >= 0 and b >= 0
+
+
+def test_what_bounds_the_step():
+    assert ev(COMM_BOUND).bound == "bandwidth"
+    assert ev(LATENCY_BOUND).bound == "latency"
+    assert ev(COMPUTE_BOUND).bound == "compute"
+    assert ev(rec(ddp__data=0.2, ddp__step=0.907)).bound == "data"
+    one = ev(rec(world_size=1))
+    assert one.bound != "bandwidth" and one.compressed() == 1.0
+
+
+def test_compression_is_expected_to_gain_on_a_slow_link_and_nothing_when_latency_bound():
+    assert ev(COMM_BOUND).compressed() > 1.5  # half of 0.56 s of a 0.71 s step
+    assert ev(LATENCY_BOUND).compressed() < 1.01  # half the bytes of a latency: nothing
+    assert ev(COMPUTE_BOUND).compressed() == pytest.approx(1.0)  # nothing exposed to save
+
+
+def test_lower_precision_gains_little_on_a_communication_bound_step():
+    comm, compute = ev(COMM_BOUND), ev(COMPUTE_BOUND)
+    assert compute.faster_compute() > 1.4
+    assert 1.0 < comm.faster_compute() < 1.1
+    assert ev(COMPUTE_BOUND, device="cuda").faster_compute() > compute.faster_compute()
+
+
+def test_buckets_gain_what_their_model_allows():
+    comm = ev(COMM_BOUND)
+    # two buckets already: merging them saves at most one latency
+    assert comm.fewer_messages(100.0) < 1.01
+    # the all-reduce (0.56 s) dwarfs the backward (0.05 s): little left to overlap
+    assert 1.0 <= comm.more_overlap() < 1.1
+    latency = ev(rec(comm__buckets=40, comm__fit_s=[0.002, 0.0021, 0.0023], comm__comm_s=0.09,
+                     ddp__backward=0.14, ddp__step=0.229))  # fmt: skip
+    assert latency.fewer_messages(100.0) > 1.3
+
+
+def test_data_workers_gain_only_what_the_data_phase_takes():
+    assert ev(COMM_BOUND).off_the_loop() < 1.01
+    assert ev(rec(ddp__data=0.3, ddp__step=1.007)).off_the_loop() > 1.4
+
+
+def test_priors_without_a_model_have_no_expected_gain():
+    e = ev(COMM_BOUND)
+    assert expected_gain({"static_graph": True}, e) is None
+    assert expected_gain({"gradient_as_bucket_view": True}, e) is None
+    assert expected_gain({"comm_hook": "fp16"}, e) == pytest.approx(e.compressed())
+    assert expected_gain({"bucket_cap_mb": 5.0}, e) == pytest.approx(e.more_overlap())
+    assert expected_gain({"num_workers": 2, "persistent_workers": True}, e) == pytest.approx(
+        e.off_the_loop()
+    )
+
+
+def _space(bf16_native=True):
+    target = Target(backend="gloo", device="cpu", world_size=2, global_batch=128,
+                    cpus_per_rank=1, bf16=True, bf16_native=bf16_native)  # fmt: skip
+    return SearchSpace.load("default").resolve(target)
+
+
+def test_screening_goes_by_expected_gain_and_skips_what_cannot_beat_the_noise():
+    space = _space()
+    listed, skipped = plan(space, None)
+    assert listed[0].prior.label == "precision=bf16" and not skipped  # the listed order
+    todo, skipped = plan(space, ev(COMM_BOUND))
+    labels = [t.prior.label for t in todo]
+    assert labels[0] == "comm_hook=fp16"  # the comm-bound step: compression first
+    gains = [t.gain for t in todo if t.gain is not None]
+    assert gains == sorted(gains, reverse=True)
+    skipped_labels = {t.prior.label for t in skipped}
+    assert {"num_workers", "bucket_cap_mb=100"} <= skipped_labels
+    assert all(t.gain <= 1.02 for t in skipped)
+    # unmodelled priors are still screened
+    assert {"static_graph=True", "gradient_as_bucket_view=True"} <= set(labels)
+
+
+def test_a_latency_bound_step_does_not_screen_compression():
+    todo, skipped = plan(_space(), ev(LATENCY_BOUND))
+    assert "comm_hook=fp16" in {t.prior.label for t in skipped}
+    assert "comm_hook=fp16" not in {t.prior.label for t in todo}
+
+
+def test_a_noisier_baseline_skips_more():
+    quiet = {t.prior.label for t in plan(_space(), ev(COMM_BOUND, noise=0.02))[1]}
+    noisy = {t.prior.label for t in plan(_space(), ev(COMM_BOUND, noise=0.2))[1]}
+    assert quiet < noisy and "comm_hook=fp16" not in noisy
+
+
+def test_the_record_round_trips_and_a_crafted_one_is_refused():
+    e = ev(COMM_BOUND)
+    back = Evidence.from_attrs(e.to_attrs())
+    assert back.bound == e.bound and back.compressed() == pytest.approx(e.compressed())
+    good = e.to_attrs()
+    for key, bad in (
+        ("step_s", "0.7"),
+        ("step_s", 0.0),
+        ("comm_s", math.nan),
+        ("comm_s", -1.0),
+        ("buckets", True),
+        ("buckets", 0),
+        ("device", "tpu"),
+        ("noise", None),
+    ):
+        with pytest.raises(ValueError, match=key):
+            Evidence.from_attrs({**good, key: bad})
+    with pytest.raises(ValueError):
+        Evidence.from_attrs(["not", "a", "mapping"])
