@@ -1,10 +1,10 @@
 """The search driver: the baseline first, then the first measurement of the defaults, then
 trials until a stop.
 
-The first measurement (``_first_look``) is the limit probe of the baseline's configuration,
-taken once and stored on the study (``bottleneck.FIRST_ATTR``): it orders the screening by
-expected gain and skips what cannot help (``screening.plan``). The search stops for one of the
-reasons in ``autotune.stop``, each said in one line and stored on the study:
+The first measurement (``first_look.first_measurement``) is the limit probe of the baseline's
+configuration, taken once and stored on the study (``bottleneck.FIRST_ATTR``): it orders the
+screening by expected gain and skips what cannot help (``screening.plan``). The search stops
+for one of the reasons in ``autotune.stop``, each said in one line and stored on the study:
 
 * **budget**: another trial and the reserve no longer fit. The reserve covers the
   re-validation and ablation of the candidates that beat the defaults *beyond their noise*
@@ -12,10 +12,11 @@ reasons in ``autotune.stop``, each said in one line and stored on the study:
   priors whose expected gain is beyond the noise are untried and more than a third of the
   budget is left, the reserve does not stop the search (``UNTRIED_SHARE``).
 * **converged** (``--no-early-stop`` turns it off): once the screening is done and at least
-  ``CONVERGE_MIN_TRIALS`` trials completed, after each trial a GP over them (Optuna's
-  ``RegretBoundEvaluator``) bounds how much any point of the space could still beat the best
-  by; when that bound is below the measured run-to-run noise (``noise_abs``) for
-  ``CONVERGED_TRIALS`` trials in a row, the search ends and the rest of the budget goes back.
+  ``stop.CONVERGE_MIN_TRIALS`` trials completed, after each trial (every 5th from 60 on) a GP
+  over them (Optuna's ``RegretBoundEvaluator``) bounds how much any point of the space could
+  still beat the best by; when that bound is below the measured run-to-run noise
+  (``stop.noise_rel`` of the best) ``stop.CONVERGED_TRIALS`` times in a row, the search ends
+  and the rest of the budget goes back (``stop.Convergence``).
 * ``--n-trials``, ``--patience``, an exhausted grid.
 
 Every trial runs on a worker thread, one per placement group, each calling

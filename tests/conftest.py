@@ -56,6 +56,21 @@ def run_env(tmp_path):
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 
 
+def edited(record: dict, **changes) -> dict:
+    """A deep copy of a probe ``record`` with ``changes``: ``section__key=value`` sets one
+    key of a section, ``key=value`` a whole entry."""
+    import copy
+
+    r = copy.deepcopy(record)
+    for path, value in changes.items():
+        section, _, key = path.partition("__")
+        if key:
+            r[section][key] = value
+        else:
+            r[section] = value
+    return r
+
+
 def autotune_cmd(*args: str) -> list[str]:
     return [AUTOTUNE, *args]
 

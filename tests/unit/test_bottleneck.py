@@ -5,7 +5,6 @@ the probe itself runs in ``tests/integration/test_limit.py``."""
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
@@ -14,6 +13,7 @@ from autotune.bottleneck import Evidence, expected_gain, fit_alpha_beta
 from autotune.knobs import Target
 from autotune.screening import plan
 from autotune.space import SearchSpace
+from tests.conftest import edited
 
 #: A slow link: a 67 MB all-reduce in two buckets takes 0.56 s of a 0.71 s step, nothing hidden
 #: (the network lab at 1 Gbit, rounded).
@@ -30,14 +30,7 @@ COMM_BOUND = {
 
 
 def rec(**changes):
-    r = copy.deepcopy(COMM_BOUND)
-    for path, value in changes.items():
-        section, _, key = path.partition("__")
-        if key:
-            r[section][key] = value
-        else:
-            r[section] = value
-    return r
+    return edited(COMM_BOUND, **changes)
 
 
 #: A tiny model: a 4 KB all-reduce whose time is all per-message latency, 68 % of the step.

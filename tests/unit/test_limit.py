@@ -4,14 +4,13 @@ record. (The probe itself runs in ``tests/integration/test_limit.py``.)"""
 
 from __future__ import annotations
 
-import copy
-
 import optuna
 import pytest
 
 from autotune.config import TrialConfig
 from autotune.export import limit_of
 from autotune.limit import bounds, breakdown, next_step, summary_line
+from tests.conftest import edited
 
 RECORD = {
     "world_size": 2,
@@ -25,14 +24,7 @@ RECORD = {
 
 
 def record(**changes) -> dict:
-    r = copy.deepcopy(RECORD)
-    for path, value in changes.items():
-        section, _, key = path.partition("__")
-        if key:
-            r[section][key] = value
-        else:
-            r[section] = value
-    return r
+    return edited(RECORD, **changes)
 
 
 def test_the_bounds_of_a_communication_heavy_step():

@@ -160,3 +160,28 @@ def test_a_five_minute_budget_holds_its_line_on_every_landscape(path):
     assert all(screened(r.study)[0] == top for r in runs)
     if path.stem.startswith("lab-"):  # the lab's links: compression
         assert top == "comm_hook=fp16"
+
+
+def test_a_resumed_study_takes_its_first_measurement_once():
+    import optuna
+
+    land = Landscape.load(LAB)
+    storage = optuna.storages.InMemoryStorage()
+    said: list[str] = []
+
+    def emit(event):
+        said.append(str(getattr(event, "text", "")))
+
+    first = replay(land, seed=0, n_trials=4, budget_s=300.0, storage=storage, emit=emit)
+    stored = first.study.user_attrs[FIRST_ATTR]
+    assert any(s.startswith("First measurement (") for s in said)
+    said.clear()
+    again = replay(land, seed=1, n_trials=4, budget_s=300.0, storage=storage, emit=emit)
+    assert again.study.user_attrs[FIRST_ATTR] == stored  # read back, not measured again
+    assert any(s.startswith("First measurement (stored on the study)") for s in said)
+    # a crafted record is refused with its reason, and the defaults are measured again
+    again.study.set_user_attr(FIRST_ATTR, {"evidence": {"step_s": "rm -rf /"}})
+    said.clear()
+    replay(land, seed=2, n_trials=4, budget_s=300.0, storage=storage, emit=emit)
+    assert any("stored first measurement is unreadable" in s for s in said)
+    assert Evidence.from_attrs(again.study.user_attrs[FIRST_ATTR]["evidence"])
