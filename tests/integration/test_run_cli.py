@@ -346,14 +346,21 @@ def test_kill_9_then_the_same_command_resumes_the_study(ray_address, run_env, tm
     pid_dir.mkdir()
     args = ("--study", "quick", "--trainer", "autotune_test_trainers:tiny",
             "--trainer-option", f"pid_dir={pid_dir}", "--address", ray_address)  # fmt: skip
+    name = "quick-autotune_test_trainers.tiny-gloo-2r"
     p = started_run(run_env, *args, "--budget", "5m", cwd=TESTS_DIR, after_trials=2)
     try:
-        time.sleep(1.0)  # the next trial is running
+        # kill -9 while a trial is running: wait until the study shows one (a trial of the
+        # tiny model can be pruned within a second, and the next one is not asked for at once)
+        study, deadline = local_study(run_env, name), time.monotonic() + 60
+        while time.monotonic() < deadline:
+            trials = study.get_trials(deepcopy=False)
+            if len(trials) >= 3 and trials[-1].state == TrialState.RUNNING:
+                break
+            time.sleep(0.1)
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=30)
     finally:
         p.kill()
-    name = "quick-autotune_test_trainers.tiny-gloo-2r"
     before = local_study(run_env, name).trials
     assert before[-1].state == TrialState.RUNNING  # what kill -9 leaves behind
     measured = (TrialState.COMPLETE, TrialState.PRUNED)  # pruned trials keep partial numbers
