@@ -26,6 +26,17 @@ LIMIT_RUNS = 2
 LIMIT_SHARE = 0.05
 
 
+def _shrunk(top: int, rounds: int, run_wall_s: float, room: float) -> tuple[int, int]:
+    """``top`` candidates over ``rounds`` rounds cut down until they fit in ``room`` seconds:
+    fewer candidates first (down to 1), then fewer rounds (down to 2); it may still not fit."""
+    while (top + 1) * rounds * run_wall_s > room and (rounds > 2 or top > 1):
+        if top > 1:
+            top -= 1
+        else:
+            rounds -= 1
+    return top, rounds
+
+
 def validation_plan(
     d: StudyDefinition, budget_s: float, run_wall_s: float
 ) -> tuple[int, int] | None:
@@ -39,11 +50,7 @@ def validation_plan(
     if top == 0 or d.multi_objective:  # the profile is chosen from the Pareto front instead
         return None
     room = budget_s / 3
-    while (top + 1) * rounds * run_wall_s > room and (rounds > 2 or top > 1):
-        if top > 1:
-            top -= 1
-        else:
-            rounds -= 1
+    top, rounds = _shrunk(top, rounds, run_wall_s, room)
     if (top + 1) * rounds * run_wall_s > budget_s / 2:
         return None
     while rounds < MAX_ROUNDS and (top + 1) * (rounds + 1) * run_wall_s <= room:
@@ -142,13 +149,8 @@ class Budget:
         plan = validation_plan(self.d, self.total_s, run)
         if plan is None:
             return None
-        top, rounds = plan
         room = self.left_s() - self.limit_reserve_s(run)
-        while (top + 1) * rounds * run > room and (top > 1 or rounds > 2):
-            if top > 1:
-                top -= 1
-            else:
-                rounds -= 1
+        top, rounds = _shrunk(*plan, run, room)
         return (top, rounds) if (top + 1) * rounds * run <= room else None
 
     def ablation_rounds(self, knobs: int) -> int:

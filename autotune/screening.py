@@ -272,13 +272,13 @@ class Screening:
         #: The first measurement (``Search`` sets it once the probe after the baseline ran).
         self.evidence: Evidence | None = None
 
-    def untried_or_open(self) -> bool:
+    def is_open(self) -> bool:
         """Whether the screening is still going on (its effects not summarised yet)."""
         return not isinstance(self.study.user_attrs.get("screening"), dict)
 
     def untried(self) -> list[Planned]:
         """The planned priors not screened yet (none once the screening is summarised)."""
-        if isinstance(self.study.user_attrs.get("screening"), dict):
+        if not self.is_open():
             return []
         done = {
             t.user_attrs["screen"]

@@ -42,7 +42,6 @@ from collections.abc import Callable
 import optuna
 from optuna.trial import TrialState
 
-from autotune.bottleneck import Evidence
 from autotune.budget import Budget
 from autotune.errors import TrialFailed, interrupted_by
 from autotune.events import BudgetStarted, Emit, Note
@@ -50,7 +49,7 @@ from autotune.first_look import first_measurement
 from autotune.launcher import TrialRunner
 from autotune.measure import Measurer
 from autotune.objective import Objective
-from autotune.screening import HELPS, Screening
+from autotune.screening import Screening
 from autotune.space import ResolvedSpace
 from autotune.stop import STOP_ATTR, Convergence, StopRecord, reserve_for
 from autotune.study_record import (
@@ -111,14 +110,7 @@ class Search:
         self._best: float | None = None
         self.stop: StopRecord | None = None
         """Why the search stopped (``autotune.stop``)."""
-        self.evidence: Evidence | None = None
-        """The first measurement of the defaults (``autotune.bottleneck``)."""
         self._convergence = Convergence()
-
-    @property
-    def stop_reason(self) -> str | None:
-        """Why the search stopped before its budget, in words; None when the budget ran out."""
-        return None if self.stop is None or self.stop.kind == "budget" else self.stop.why
 
     def run(self) -> None:
         """Search until the budget is spent (or a trial stops the run by raising)."""
@@ -168,7 +160,7 @@ class Search:
     def _first_look(self) -> None:
         """The first measurement (``first_look``), given to the screening."""
         assert self.screening is not None
-        self.evidence = self.screening.evidence = first_measurement(
+        self.screening.evidence = first_measurement(
             study=self.study,
             space=self.space,
             measure=self.measure,
@@ -293,11 +285,11 @@ class Search:
         return False
 
     def _untried_beyond_noise(self) -> bool:
-        """Untried screening priors whose expected gain is beyond the noise."""
-        if self.screening is None or self.evidence is None:
+        """Untried screening priors whose expected gain is beyond the noise (the plan keeps
+        only those, and the unmodelled ones, whose gain is None)."""
+        if self.screening is None:
             return False
-        bar = 1 + max(self.evidence.noise, HELPS)
-        return any(p.gain is not None and p.gain > bar for p in self.screening.untried())
+        return any(p.gain is not None for p in self.screening.untried())
 
     def _converged(self) -> bool:
         """The convergence stop (module doc; ``stop.Convergence``), once the screening is done
@@ -305,7 +297,7 @@ class Search:
         d = self.objective.d
         if not d.early_stop or d.multi_objective or d.sampler == "grid":
             return False
-        if self.screening is not None and self.screening.untried_or_open():
+        if self.screening is not None and self.screening.is_open():
             return False
         why, failed = self._convergence.judge(self.study)
         if failed:
