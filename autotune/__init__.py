@@ -6,10 +6,10 @@ returns), ``SearchSpace`` and the error classes.
 
 from __future__ import annotations
 
-from autotune.errors import AutotuneError, BaselineFailed, ConfigError, TrialFailed
-from autotune.profile import Profile
-from autotune.space import SearchSpace
-from autotune.workload import Workload
+from autotune.core.errors import AutotuneError, BaselineFailed, ConfigError, TrialFailed
+from autotune.definition.space import SearchSpace
+from autotune.profile.profile import Profile
+from autotune.rank.workload import Workload
 
 __all__ = [
     "AutotuneError",

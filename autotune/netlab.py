@@ -43,7 +43,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from autotune.errors import AutotuneError, ConfigError
+from autotune.core.errors import AutotuneError, ConfigError
 
 __all__ = ["Lab", "LabError", "check_state_dir", "down", "exec_in", "status", "up"]
 

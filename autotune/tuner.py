@@ -6,7 +6,7 @@
    (``launcher.TrialRunner``), probe the hardware from inside the first;
 3. resolve the space against backend and device (knobs that cannot act are left out, with
    the reason shown and stored on the study);
-4. open or resume the study (``study_record.open_study``): a new study's first trial is the
+4. open or resume the study (``record.study.open_study``): a new study's first trial is the
    baseline (every knob at its PyTorch/NCCL/torchrun default);
 5. search until the budget is spent (``search.Search`` over ``objective.Objective``, the
    budget kept by ``budget.Budget``); failed trials are FAIL with a reason, the run goes on;
@@ -17,7 +17,7 @@
 8. export the profile (``export.export_profile``), also when Ctrl-C, SIGTERM, a lost cluster,
    a failing storage or any other error stopped the run before its budget.
 
-Everything the run has to say goes out as events (``autotune.events``) to ``emit``.
+Everything the run has to say goes out as events (``autotune.report.events``) to ``emit``.
 """
 
 from __future__ import annotations
@@ -31,13 +31,8 @@ from typing import Any
 
 import optuna
 
-from autotune import storage as storage_mod
-from autotune.ablation import ablate
-from autotune.budget import Budget
-from autotune.cluster import RankPlan, connect, plan_ranks
-from autotune.config import TrialConfig
-from autotune.durations import format_duration
-from autotune.errors import (
+from autotune.core.config import TrialConfig
+from autotune.core.errors import (
     BaselineFailed,
     ClusterLost,
     ConfigError,
@@ -45,20 +40,20 @@ from autotune.errors import (
     interrupted_by,
     raise_terminated,
 )
-from autotune.events import Emit, Note, ignore
-from autotune.export import export_profile, study_profile
-from autotune.failures import first_line
-from autotune.knobs import Target
-from autotune.launcher import PLACEMENT_TIMEOUT_S, TrialRunner
-from autotune.limit import measure_limit
-from autotune.measure import Measurer
-from autotune.objective import Objective
-from autotune.paths import check_study_name, check_writable, file_stem
-from autotune.screening import ruled_out
-from autotune.script_job import ScriptJob, script_job
-from autotune.search import Search
-from autotune.space import ResolvedSpace, SearchSpace
-from autotune.study_record import (
+from autotune.core.knobs import Target
+from autotune.definition.durations import format_duration
+from autotune.definition.paths import check_study_name, check_writable, file_stem
+from autotune.definition.space import ResolvedSpace, SearchSpace
+from autotune.definition.studydef import StudyDefinition
+from autotune.launch.cluster import RankPlan, connect, plan_ranks
+from autotune.launch.failures import first_line
+from autotune.launch.launcher import PLACEMENT_TIMEOUT_S, TrialRunner
+from autotune.launch.measure import Measurer
+from autotune.limit.probe import measure_limit
+from autotune.profile.export import export_profile, study_profile
+from autotune.rank.workload import Workload, load_workload
+from autotune.record import storage as storage_mod
+from autotune.record.study import (
     baseline_trial,
     baseline_value,
     complete,
@@ -66,9 +61,14 @@ from autotune.study_record import (
     open_study,
     throughput,
 )
-from autotune.studydef import StudyDefinition
-from autotune.validation import revalidate
-from autotune.workload import Workload, load_workload
+from autotune.report.events import Emit, Note, ignore
+from autotune.script.job import ScriptJob, script_job
+from autotune.search.ablation import ablate
+from autotune.search.budget import Budget
+from autotune.search.loop import Search
+from autotune.search.objective import Objective
+from autotune.search.screening import ruled_out
+from autotune.search.validation import revalidate
 
 __all__ = ["RunRequest", "RunSummary", "conclude", "run"]
 
@@ -246,7 +246,7 @@ def conclude(
 ) -> None:
     """What follows the search: re-validate the best few against the baseline, interleaved
     (``validation.revalidate``), then ablate the winner (``ablation.ablate``). The replay
-    benchmark (``autotune.replay``) calls it too."""
+    benchmark (``autotune.replay.simulate``) calls it too."""
     checked = revalidate(
         study=study,
         definition=d,

@@ -1,4 +1,4 @@
-"""What glibc's allocator pin is worth to your own torchrun job (``autotune.allocator``).
+"""What glibc's allocator pin is worth to your own torchrun job (``autotune.core.allocator``).
 
     python bench/allocator.py --rounds 3 --steps 300
 
@@ -24,11 +24,11 @@ from pathlib import Path
 
 from script_mode import refused
 
-from autotune import allocator
-from autotune.config import TrialConfig
-from autotune.knobs import Target
-from autotune.profile import Profile
-from autotune.space import SearchSpace
+from autotune.core import allocator
+from autotune.core.config import TrialConfig
+from autotune.core.knobs import Target
+from autotune.definition.space import SearchSpace
+from autotune.profile.profile import Profile
 
 SCRIPT = Path(__file__).resolve().parent / "mlp_script.py"
 TARGET = Target(backend="gloo", device="cpu", world_size=2, global_batch=128, cpus_per_rank=1)

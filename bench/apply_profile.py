@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 
 import autotune
-from autotune import apply
-from autotune.workload import load_workload
+from autotune.core import apply
+from autotune.rank.workload import load_workload
 
 
 def main() -> None:

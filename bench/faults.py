@@ -16,11 +16,11 @@ from pathlib import Path
 
 import ray
 
-from autotune.config import MeasureSettings, TrialConfig
-from autotune.errors import TrialFailed
-from autotune.knobs import Target
-from autotune.launcher import TrialRunner
-from autotune.space import SearchSpace
+from autotune.core.config import MeasureSettings, TrialConfig
+from autotune.core.errors import TrialFailed
+from autotune.core.knobs import Target
+from autotune.definition.space import SearchSpace
+from autotune.launch.launcher import TrialRunner
 
 TARGET = Target(backend="gloo", device="cpu", world_size=2, global_batch=32, cpus_per_rank=1,
                 bf16=True)  # fmt: skip

@@ -33,7 +33,7 @@ check() {
     nvidia-smi nvlink --status
     nvidia-smi topo -m
     nproc
-    python3 -c "import json; from autotune.hardware import describe; \
+    python3 -c "import json; from autotune.launch.hardware import describe; \
 print(json.dumps(describe('nccl'), indent=1))"
 }
 

@@ -9,10 +9,10 @@ import time
 
 import ray
 
-from autotune.config import MeasureSettings, TrialConfig
-from autotune.knobs import Target
-from autotune.launcher import TrialRunner
-from autotune.space import SearchSpace
+from autotune.core.config import MeasureSettings, TrialConfig
+from autotune.core.knobs import Target
+from autotune.definition.space import SearchSpace
+from autotune.launch.launcher import TrialRunner
 
 TRAINER, OPTIONS = "mlp", {"width": 2048, "layers": 4, "global_batch": 128}
 TARGET = Target(

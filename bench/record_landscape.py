@@ -18,7 +18,7 @@ run of the defaults, (d) the same in yet another fresh pool without the discarde
 with the full ``--windows``.
 
 After it, the **first measurement**: the limit probe of the defaults, as ``autotune run``
-takes it right after its baseline trial (``autotune.limit.probe_one``; phases, the all-reduce
+takes it right after its baseline trial (``autotune.limit.probe.probe_one``; phases, the all-reduce
 alone and the alpha-beta sweep), stored as ``first_measurement`` with its wall seconds; the
 replay orders its screening from it. ``--probe-only`` adds just that to an existing landscape
 (``--out``), measured on the same setup now:
@@ -42,16 +42,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autotune.cluster import connect
-from autotune.config import TrialConfig
-from autotune.errors import TrialFailed
-from autotune.knobs import Target
-from autotune.launcher import TrialRunner
-from autotune.limit import probe_one
-from autotune.replay import point_key
-from autotune.space import SearchSpace
-from autotune.studydef import StudyDefinition
-from autotune.workload import load_workload
+from autotune.core.config import TrialConfig
+from autotune.core.errors import TrialFailed
+from autotune.core.knobs import Target
+from autotune.definition.space import SearchSpace
+from autotune.definition.studydef import StudyDefinition
+from autotune.launch.cluster import connect
+from autotune.launch.launcher import TrialRunner
+from autotune.limit.probe import probe_one
+from autotune.rank.workload import load_workload
+from autotune.replay.simulate import point_key
 
 HERE = Path(__file__).resolve().parent
 

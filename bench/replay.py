@@ -1,5 +1,5 @@
 """The search benchmark on recorded measurements: the tuner's whole loop replayed against a
-recorded landscape (``autotune.replay``), for many seeds, beside random search.
+recorded landscape (``autotune.replay.simulate``), for many seeds, beside random search.
 
     python bench/replay.py                                    # default landscape, 100 seeds
     python bench/replay.py --landscape bench/landscapes/default-loopback.json --seeds 200
@@ -14,7 +14,7 @@ export's choice; what counts is the true throughput of the exported configuratio
 of every recorded window of that grid point) over the best point's (the oracle).
 
 ``screen+tpe`` is the search as shipped: the screening ordered by the landscape's first
-measurement (``autotune.bottleneck``). ``fixed+tpe`` is the same search with the screening in
+measurement (``autotune.limit.evidence``). ``fixed+tpe`` is the same search with the screening in
 the priors' listed order (the previous releases' order). ``--trials 100000`` makes the budget
 the only stop (with the convergence stop, unless ``--no-early-stop``).
 
@@ -38,8 +38,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from autotune.replay import Landscape, replay
-from autotune.replay_table import summarise
+from autotune.replay.simulate import Landscape, replay
+from autotune.replay.table import summarise
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_LANDSCAPE = HERE / "landscapes" / "default-loopback.json"

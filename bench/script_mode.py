@@ -31,11 +31,11 @@ from typing import Any
 
 from side_by_side import _fmt, _ratio, side_by_side, tuning_run
 
-from autotune.cluster import connect
-from autotune.config import TrialConfig
-from autotune.durations import parse_duration
-from autotune.knobs import Target
-from autotune.studydef import StudyDefinition
+from autotune.core.config import TrialConfig
+from autotune.core.knobs import Target
+from autotune.definition.durations import parse_duration
+from autotune.definition.studydef import StudyDefinition
+from autotune.launch.cluster import connect
 
 SCRIPT = Path(__file__).resolve().parent / "mlp_script.py"
 

@@ -27,13 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.cluster import connect
-from autotune.config import MeasureSettings, TrialConfig
-from autotune.knobs import Target
-from autotune.launcher import TrialRunner
-from autotune.space import SearchSpace
-from autotune.stats import SettleRule
-from autotune.studydef import StudyDefinition
+from autotune.core.config import MeasureSettings, TrialConfig
+from autotune.core.knobs import Target
+from autotune.core.stats import SettleRule
+from autotune.definition.space import SearchSpace
+from autotune.definition.studydef import StudyDefinition
+from autotune.launch.cluster import connect
+from autotune.launch.launcher import TrialRunner
 
 VARIANTS: list[dict[str, Any]] = [
     {},

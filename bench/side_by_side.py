@@ -22,7 +22,7 @@ What it does, in order (one local Ray instance for all of it):
    ``--rounds`` rounds of short runs (``min_windows`` windows each), by one runner, after one
    discarded run that warms its processes.
    Identical configurations are measured once. Ratios against the defaults and against the
-   oracle are paired by round, with 95 % intervals (``autotune.stats.speedup_ci``).
+   oracle are paired by round, with 95 % intervals (``autotune.core.stats.speedup_ci``).
 
 Written under ``--out``: ``raw.json`` (after every step: everything measured, so a crash or
 Ctrl-C loses nothing done), then ``contenders.csv`` (one row per contender), ``runs.csv`` (one
@@ -48,18 +48,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autotune import study_record, tuner
-from autotune.cluster import connect
-from autotune.config import TrialConfig
-from autotune.durations import parse_duration
-from autotune.errors import AutotuneError, TrialFailed
-from autotune.knobs import Target
-from autotune.launcher import TrialRunner
-from autotune.profile import Profile
-from autotune.progress import RunView
-from autotune.space import SearchSpace
-from autotune.stats import Interval, interleave, median_ci, speedup_ci
-from autotune.studydef import StudyDefinition
+from autotune import tuner
+from autotune.core.config import TrialConfig
+from autotune.core.errors import AutotuneError, TrialFailed
+from autotune.core.knobs import Target
+from autotune.core.stats import Interval, interleave, median_ci, speedup_ci
+from autotune.definition.durations import parse_duration
+from autotune.definition.space import SearchSpace
+from autotune.definition.studydef import StudyDefinition
+from autotune.launch.cluster import connect
+from autotune.launch.launcher import TrialRunner
+from autotune.profile.profile import Profile
+from autotune.record import study as study_record
+from autotune.report.progress import RunView
 
 HERE = Path(__file__).resolve().parent
 #: The issue's goals.
@@ -159,7 +160,7 @@ def tuning_run(
         "search_best_speedup": None if not summary.baseline else summary.best / summary.baseline,
         "exported_speedup": profile.measured.get("speedup"),
         "exported_interval": profile.measured.get("speedup_interval"),
-        # the exported configuration's samples/s over its ideal-overlap bound (autotune.limit)
+        # the exported configuration's samples/s over its ideal-overlap bound (autotune.limit.probe)
         "share_of_ideal": _share_of_ideal(profile.measured.get("limit")),
         "validated": bool(validation.get("beats_baseline")),
         "config": profile.trial_config().to_dict(),
@@ -181,7 +182,7 @@ def tuning_run(
 def defaults_runs(study: Any) -> dict[str, Any]:
     """The run's first baseline and its later runs of the defaults (the re-anchoring runs,
     full trials like the baseline), samples/s: the first-baseline goal compares them."""
-    from autotune.study_record import anchors
+    from autotune.record.study import anchors
 
     runs = sorted(anchors(study), key=lambda t: t.number)
     return {

@@ -42,9 +42,9 @@ def live_picture(home: Path) -> str:
     from rich.console import Console, Group
     from rich.text import Text
 
-    from autotune import events
-    from autotune.progress import RunView
-    from autotune.studydef import StudyDefinition
+    from autotune.report import events
+    from autotune.report.progress import RunView
+    from autotune.definition.studydef import StudyDefinition
     from autotune.tuner import RunRequest, run
 
     d = StudyDefinition.load("quick").override(budget_s=60.0)

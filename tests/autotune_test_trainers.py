@@ -9,7 +9,7 @@ import time
 import torch
 from autotune.trainers import mlp
 
-from autotune.workload import Workload
+from autotune.rank.workload import Workload
 
 
 def tiny(*, pid_dir: str | None = None, **options) -> Workload:

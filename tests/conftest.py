@@ -25,7 +25,7 @@ def ray_address():
         # environment, which every worker inherits.
         pythonpath = os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
         os.environ["PYTHONPATH"] = pythonpath
-        from autotune._compat import loopback_node_ip
+        from autotune.core.compat import loopback_node_ip
 
         with loopback_node_ip():  # like the local instance `autotune run` starts
             ray.init(
@@ -52,7 +52,7 @@ def run_env(tmp_path):
 
 
 #: The installed console script, as a user types `autotune`: unlike ``python -m
-#: autotune.cli`` it puts nothing (the current directory) on ``sys.path``.
+#: autotune.cli.main`` it puts nothing (the current directory) on ``sys.path``.
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from autotune.workload import Workload
+from autotune.rank.workload import Workload
 
 PAD = 4  # pixels of random-crop margin on each side
 

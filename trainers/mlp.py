@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from autotune.workload import Workload
+from autotune.rank.workload import Workload
 
 
 class SyntheticRegression(torch.utils.data.Dataset):

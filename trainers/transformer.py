@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from autotune.workload import Workload
+from autotune.rank.workload import Workload
 
 
 class TokenStreams(torch.utils.data.Dataset):

@@ -7,10 +7,10 @@ import subprocess
 
 import pytest
 
-from autotune.config import MeasureSettings, TrialConfig
-from autotune.knobs import Target
-from autotune.launcher import TrialRunner
-from autotune.space import SearchSpace
+from autotune.core.config import MeasureSettings, TrialConfig
+from autotune.core.knobs import Target
+from autotune.definition.space import SearchSpace
+from autotune.launch.launcher import TrialRunner
 from tests.conftest import autotune_cmd
 
 TARGET = Target(

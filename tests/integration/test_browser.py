@@ -22,7 +22,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.profile import Profile
+from autotune.profile.profile import Profile
 from tests.conftest import autotune_cmd
 from tests.integration.conftest import STUDY
 

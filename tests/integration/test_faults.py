@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from autotune.errors import TrialFailed
+from autotune.core.errors import TrialFailed
 from tests.integration.conftest import QUICK, config
 
 pytestmark = pytest.mark.integration

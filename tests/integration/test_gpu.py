@@ -42,8 +42,8 @@ def gpu(ray_address):
 
     if ray.cluster_resources().get("GPU", 0) < 1:
         pytest.skip("the test's Ray instance sees no GPU")
-    from autotune.knobs import Target
-    from autotune.launcher import TrialRunner
+    from autotune.core.knobs import Target
+    from autotune.launch.launcher import TrialRunner
 
     runner = TrialRunner(world_size=1, backend="nccl")
     try:
@@ -58,15 +58,15 @@ def gpu(ray_address):
 
 
 def gpu_config(target, **changes):
-    from autotune.config import TrialConfig
-    from autotune.space import SearchSpace
+    from autotune.core.config import TrialConfig
+    from autotune.definition.space import SearchSpace
 
     r = SearchSpace.load("default").resolve(target)
     return TrialConfig.from_values({**r.defaults(), **changes}, target)
 
 
 def run(runner, cfg, trainer="tiny", options=None, incumbent=None):
-    from autotune.config import MeasureSettings
+    from autotune.core.config import MeasureSettings
 
     return runner.run(
         trial=0, trainer=f"autotune_test_trainers:{trainer}",
@@ -132,7 +132,7 @@ def test_precision_pinned_memory_and_the_grad_scaler_are_applied(gpu, precision)
 
 
 def test_a_real_cuda_out_of_memory_is_reason_oom_and_the_runner_goes_on(gpu):
-    from autotune.errors import TrialFailed
+    from autotune.core.errors import TrialFailed
 
     runner, _, target = gpu
     cfg = gpu_config(target)
@@ -147,7 +147,7 @@ def test_a_real_cuda_out_of_memory_is_reason_oom_and_the_runner_goes_on(gpu):
 
 
 def test_the_numerics_guard_on_real_fp16_autocast_with_the_grad_scaler(gpu):
-    from autotune.numerics import DEFAULT_TOLERANCE, drift
+    from autotune.core.numerics import DEFAULT_TOLERANCE, drift
 
     runner, _, target = gpu
     base = run(runner, gpu_config(target)).ranks[0]

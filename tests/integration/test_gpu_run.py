@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.profile import Profile
+from autotune.profile.profile import Profile
 from tests.integration.conftest import autotune
 
 torch = pytest.importorskip("torch")

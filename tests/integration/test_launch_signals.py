@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config import TrialConfig
-from autotune.knobs import Target
-from autotune.profile import Profile
-from autotune.space import SearchSpace
+from autotune.core.config import TrialConfig
+from autotune.core.knobs import Target
+from autotune.definition.space import SearchSpace
+from autotune.profile.profile import Profile
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,10 @@ import socket
 import pytest
 import torch.multiprocessing as mp
 
-from autotune.config import MeasureSettings, TrialConfig
-from autotune.rank import RankSpec, run_rank
-from autotune.rank_session import open_session
+from autotune.core.config import MeasureSettings, TrialConfig
+from autotune.core.rank_io import RankSpec
+from autotune.rank.run import run_rank
+from autotune.rank.session import open_session
 
 pytestmark = pytest.mark.integration
 

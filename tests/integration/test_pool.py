@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.errors import TrialFailed
+from autotune.core.errors import TrialFailed
 from tests.integration.conftest import QUICK, config
 from tests.integration.test_faults import alive, wait_gone
 

@@ -16,7 +16,7 @@ import pytest
 from optuna.trial import TrialState
 from optuna_dashboard import get_note
 
-from autotune.profile import Profile
+from autotune.profile.profile import Profile
 from tests.conftest import autotune_cmd, started_run
 from tests.integration.conftest import (
     BUDGET_S,

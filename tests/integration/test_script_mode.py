@@ -21,11 +21,11 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from autotune.config import MeasureSettings, TrialConfig
-from autotune.errors import FailureReason, TrialFailed
-from autotune.knobs import Target
-from autotune.script_trial import run_script
-from autotune.space import SearchSpace
+from autotune.core.config import MeasureSettings, TrialConfig
+from autotune.core.errors import FailureReason, TrialFailed
+from autotune.core.knobs import Target
+from autotune.definition.space import SearchSpace
+from autotune.script.trial import run_script
 from tests.conftest import REPO, started_run
 from tests.integration.conftest import autotune
 from tests.integration.test_launch_signals import alive
@@ -166,8 +166,8 @@ def test_no_process_of_the_script_outlives_a_driver_killed_with_minus_9(tmp_path
     driver = subprocess.Popen([sys.executable, "-c", (
         "import sys\n"
         "from tests.integration.test_script_mode import config\n"
-        "from autotune.config import MeasureSettings\n"
-        "from autotune.script_trial import run_script\n"
+        "from autotune.core.config import MeasureSettings\n"
+        "from autotune.script.trial import run_script\n"
         f"run_script([sys.executable, {str(script)!r}], config(), world_size=2, "
         "measure=MeasureSettings(), timeout_s=600, wrap_wait_s=600)\n")], cwd=REPO)  # fmt: skip
     _kill_and_expect_none_left(driver, marker)
@@ -178,7 +178,7 @@ def test_no_process_of_the_script_outlives_a_guard_front_killed_with_minus_9(tmp
     -9): it SIGKILLs the worker's direct children, i.e. the guard's front. The keeper, its
     child, then ends the command's processes on its own."""
     script, marker = _forking_script(tmp_path)
-    front = subprocess.Popen([sys.executable, "-m", "autotune.script_guard", str(os.getpid()),
+    front = subprocess.Popen([sys.executable, "-m", "autotune.script.guard", str(os.getpid()),
                               "--", sys.executable, str(script)], cwd=REPO,
                              start_new_session=True)  # fmt: skip
     _kill_and_expect_none_left(front, marker)
@@ -263,7 +263,7 @@ def test_a_seeded_script_repeats_its_loss_curve_and_an_unseeded_one_does_not(
     """What the guard compares (``script_trial.loss_curve``): per optimizer step, the same
     samples at any accumulation; a script seeded from the clock gives another curve each run,
     which ``fp32_drift`` then shows."""
-    from autotune.numerics import drift
+    from autotune.core.numerics import drift
 
     seeded, unseeded = tmp_path / "seeded.py", tmp_path / "unseeded.py"
     seeded.write_text(UNDERFLOW.replace("SEED", "0"))

@@ -11,8 +11,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.profile import Profile
-from autotune.storage import SQLITE_BUSY_TIMEOUT_S
+from autotune.profile.profile import Profile
+from autotune.record.storage import SQLITE_BUSY_TIMEOUT_S
 from tests.conftest import started_run
 from tests.integration.conftest import STUDY
 

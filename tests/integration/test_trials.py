@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.errors import TrialFailed
+from autotune.core.errors import TrialFailed
 from tests.integration.conftest import QUICK, config
 
 pytestmark = pytest.mark.integration
@@ -99,7 +99,7 @@ def test_a_rank_that_raises_fails_the_trial_with_its_first_error_line(runner):
 
 
 def test_a_trial_clearly_below_the_incumbent_is_pruned_with_its_partial_numbers(runner):
-    from autotune.stats import Interval
+    from autotune.core.stats import Interval
 
     base = run(runner, config())
     far_above = Interval(median=base.throughput * 10, low=base.throughput * 9,

@@ -13,12 +13,12 @@ import urllib.request
 
 import pytest
 
-from autotune import allocator
-from autotune.config import TrialConfig
-from autotune.hardware import describe
-from autotune.knobs import Target
-from autotune.profile import Profile
-from autotune.space import SearchSpace
+from autotune.core import allocator
+from autotune.core.config import TrialConfig
+from autotune.core.knobs import Target
+from autotune.definition.space import SearchSpace
+from autotune.launch.hardware import describe
+from autotune.profile.profile import Profile
 from tests.conftest import REPO, autotune_cmd
 
 pytestmark = pytest.mark.integration

@@ -8,15 +8,15 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import create_trial
 
-from autotune.events import ValidationDone, ValidationStarted
-from autotune.export import export_profile
-from autotune.measure import Measurer
-from autotune.profile import Profile
-from autotune.space import SearchSpace
-from autotune.stats import NO_WINNER_REASON
-from autotune.study_record import ATTR
-from autotune.studydef import StudyDefinition
-from autotune.validation import revalidate
+from autotune.core.stats import NO_WINNER_REASON
+from autotune.definition.space import SearchSpace
+from autotune.definition.studydef import StudyDefinition
+from autotune.launch.measure import Measurer
+from autotune.profile.export import export_profile
+from autotune.profile.profile import Profile
+from autotune.record.study import ATTR
+from autotune.report.events import ValidationDone, ValidationStarted
+from autotune.search.validation import revalidate
 from tests.integration.conftest import QUICK, TARGET, config
 
 pytestmark = pytest.mark.integration

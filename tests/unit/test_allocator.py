@@ -1,4 +1,5 @@
-"""glibc's malloc pinned (``autotune.allocator``) in rank processes, in script-mode trials and in
+"""glibc's malloc pinned (``autotune.core.allocator``) in rank processes, in script-mode trials and
+in
 a job that applies a profile: the cause of the cold first baseline was page faults from glibc's
 dynamic thresholds (docs/measurement.md). Each check runs in a child process, so the test
 process keeps its own allocator."""
@@ -12,9 +13,9 @@ import sys
 
 import pytest
 
-from autotune import allocator
-from autotune.config import TrialConfig
-from autotune.space import SearchSpace
+from autotune.core import allocator
+from autotune.core.config import TrialConfig
+from autotune.definition.space import SearchSpace
 from tests.unit.test_profile_env import CPU, profile
 
 #: A step's worth of the default workload's large blocks: six 16 MiB tensors (a layer's weight
@@ -24,10 +25,10 @@ CHILD = r"""
 import ctypes, json, resource, sys
 pinned = None
 if sys.argv[1] == "pin":  # what a rank process does when the pool starts it
-    from autotune import allocator
+    from autotune.core import allocator
     pinned = allocator.pin()
 elif sys.argv[1] == "apply":  # a user's script: Profile.load() then apply_env()
-    from autotune.profile import Profile
+    from autotune.profile.profile import Profile
     Profile.load(sys.argv[2]).apply_env()
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p

@@ -1,4 +1,4 @@
-"""``autotune.apply``: what the rank measures and what ``Profile`` applies in a user's script,
+"""``autotune.core.apply``: what the rank measures and what ``Profile`` applies in a user's script,
 checked on real torch objects (a one-rank gloo process group in this process)."""
 
 from __future__ import annotations
@@ -11,10 +11,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from autotune import apply, rank, rank_session
-from autotune.config import MeasureSettings, TrialConfig
-from autotune.profile import Profile
-from autotune.rank import RankSpec, run_rank
+from autotune.core import apply
+from autotune.core.config import MeasureSettings, TrialConfig
+from autotune.core.rank_io import RankSpec
+from autotune.profile.profile import Profile
+from autotune.rank import run as rank
+from autotune.rank import session as rank_session
+from autotune.rank.run import run_rank
 
 POWERSGD = {"name": "powersgd", "matrix_approximation_rank": 2, "start_powerSGD_iter": 2}
 HOOK_NAMES = {"fp16": "fp16_compress_hook", "powersgd": "powerSGD_hook"}

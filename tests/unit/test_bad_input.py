@@ -17,7 +17,7 @@ import optuna
 import pytest
 from optuna.trial import create_trial
 
-from autotune.study_record import ATTR
+from autotune.record.study import ATTR
 from tests.unit.test_report_and_progress import DISTS, HARDWARE, WORKLOAD, config
 
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))

@@ -1,4 +1,4 @@
-"""The first measurement (``autotune.bottleneck``): the alpha-beta fit, what bounds a step, each
+"""The first measurement (``autotune.limit.evidence``): the alpha-beta fit, what bounds a step, each
 prior's expected gain, the screening plan built from them, and the stored record read back as
 untrusted input. Probe records are written by hand in the shape ``rank_limit.probe`` returns;
 the probe itself runs in ``tests/integration/test_limit.py``."""
@@ -9,10 +9,10 @@ import math
 
 import pytest
 
-from autotune.bottleneck import Evidence, expected_gain, fit_alpha_beta
-from autotune.knobs import Target
-from autotune.screening import plan
-from autotune.space import SearchSpace
+from autotune.core.knobs import Target
+from autotune.definition.space import SearchSpace
+from autotune.limit.evidence import Evidence, expected_gain, fit_alpha_beta
+from autotune.search.screening import plan
 from tests.conftest import edited
 
 #: A slow link: a 67 MB all-reduce in two buckets takes 0.56 s of a 0.71 s step, nothing hidden

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.budget import Budget, validation_plan
-from autotune.studydef import StudyDefinition
+from autotune.definition.studydef import StudyDefinition
+from autotune.search.budget import Budget, validation_plan
 
 
 def plan(budget_s, wall_s, top=3, rounds=5):
@@ -49,7 +49,7 @@ def test_validate_top_zero_turns_it_off():
 
 
 def test_bad_validation_settings_are_refused():
-    from autotune.errors import ConfigError
+    from autotune.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="validate_rounds must be a whole number >= 2"):
         StudyDefinition(name="t", validate_rounds=1).check("study definition t")

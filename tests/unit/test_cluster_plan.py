@@ -9,9 +9,9 @@ import pytest
 from rich.console import Console
 
 from autotune import netlab
-from autotune.cluster import RankPlan, rank_plan
-from autotune.errors import ConfigError
-from autotune.progress import RunView
+from autotune.core.errors import ConfigError
+from autotune.launch.cluster import RankPlan, rank_plan
+from autotune.report.progress import RunView
 
 
 @pytest.mark.parametrize(
@@ -89,7 +89,7 @@ def test_the_live_view_shows_every_trial_in_flight():
 
 
 def test_local_ranks_count_the_ranks_of_each_node_in_rank_order():
-    from autotune.launcher import local_ranks
+    from autotune.launch.launcher import local_ranks
 
     assert local_ranks({0: "a", 1: "a"}, 2) == [(0, 2), (1, 2)]
     assert local_ranks({0: "a", 1: "b", 2: "a", 3: "b"}, 4) == [(0, 2), (0, 2), (1, 2), (1, 2)]
@@ -102,7 +102,7 @@ def test_the_processes_of_a_local_instance_are_found_by_its_mark_or_its_session(
     import sys
     import time
 
-    from autotune.cluster import OWNER_ENV, owned_processes, session_dirs
+    from autotune.launch.cluster import OWNER_ENV, owned_processes, session_dirs
 
     ours = tmp_path / "ray" / "session_2026-11-25_06-45-09_749085_100"
     theirs = tmp_path / "ray" / "session_2026-11-25_07-00-00_000001_200"

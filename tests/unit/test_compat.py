@@ -1,4 +1,4 @@
-"""The private Optuna and Ray surface autotune relies on (``autotune._compat``): these tests
+"""The private Optuna and Ray surface autotune relies on (``autotune.core.compat``): these tests
 fail loudly when an upgrade moves it, before a run misbehaves quietly."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import inspect
 import optuna
 from optuna.samplers._tpe import sampler as tpe_sampler
 
-from autotune import _compat
-from autotune._compat import (
+from autotune.core import compat as _compat
+from autotune.core.compat import (
     STUDY_TRIALS_METHOD,
     bootstrap_address,
     call_study_trials,
@@ -73,10 +73,10 @@ def test_rays_own_node_ip_parameter_still_maps_loopback_away():
 def test_no_other_module_touches_private_optuna_or_ray_api():
     from pathlib import Path
 
-    package = Path(_compat.__file__).parent
+    package = Path(_compat.__file__).parent.parent
     offenders = []
-    for path in sorted(package.glob("*.py")):
-        if path.name == "_compat.py":
+    for path in sorted(package.rglob("*.py")):
+        if path == Path(_compat.__file__):
             continue
         text = path.read_text()
         for needle in (

@@ -3,12 +3,12 @@
 import pytest
 import yaml
 
-from autotune import allocator
-from autotune.config import POWERSGD_START_ITER, TrialConfig
-from autotune.errors import ConfigError
-from autotune.knobs import Target
-from autotune.profile import Profile
-from autotune.space import SearchSpace
+from autotune.core import allocator
+from autotune.core.config import POWERSGD_START_ITER, TrialConfig
+from autotune.core.errors import ConfigError
+from autotune.core.knobs import Target
+from autotune.definition.space import SearchSpace
+from autotune.profile.profile import Profile
 
 GPU = Target(
     backend="nccl",
@@ -177,7 +177,7 @@ def test_save_is_atomic_and_leaves_no_temporary_files(tmp_path):
 
 
 def test_nvlink_is_read_from_nvidia_smi_link_lines():
-    from autotune.hardware import nvlink_active
+    from autotune.launch.hardware import nvlink_active
 
     assert nvlink_active("GPU 0: NVIDIA H100 (UUID: x)\n\t Link 0: 26.562 GB/s\n") is True
     assert nvlink_active("GPU 0: NVIDIA H100 (UUID: x)\n\t Link 0: <inactive>\n") is False

@@ -12,8 +12,8 @@ import stat
 import pytest
 
 from autotune import netlab
-from autotune.cli import main
-from autotune.errors import ConfigError
+from autotune.cli.main import main
+from autotune.core.errors import ConfigError
 
 
 @pytest.fixture

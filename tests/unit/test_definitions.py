@@ -4,9 +4,9 @@ import sys
 
 import pytest
 
-from autotune.errors import ConfigError
-from autotune.studydef import StudyDefinition, available_studies
-from autotune.workload import Workload, available_trainers, load_workload
+from autotune.core.errors import ConfigError
+from autotune.definition.studydef import StudyDefinition, available_studies
+from autotune.rank.workload import Workload, available_trainers, load_workload
 
 
 def test_builtin_studies_load_and_name_existing_spaces_and_trainers():

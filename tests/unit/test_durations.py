@@ -1,7 +1,7 @@
 import pytest
 
-from autotune.durations import format_duration, parse_duration
-from autotune.errors import ConfigError
+from autotune.core.errors import ConfigError
+from autotune.definition.durations import format_duration, parse_duration
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import ray.exceptions as rex
 
-from autotune.errors import FailureReason, TrialFailed
-from autotune.failures import classify, death_line, first_line, gone_away, learned_reasons
-from autotune.rank import MemoryLimitExceeded, NonFiniteLoss
+from autotune.core.errors import FailureReason, TrialFailed
+from autotune.core.rank_io import MemoryLimitExceeded, NonFiniteLoss
+from autotune.launch.failures import classify, death_line, first_line, gone_away, learned_reasons
 
 #: What a surviving gloo rank raised when its peer's node was killed (seen in the node-loss
 #: tests; the path is the one in torch's wheel).
@@ -155,7 +155,7 @@ def test_ctrl_c_lands_on_the_main_thread_and_the_running_trial_is_recorded_inter
     import optuna
     from optuna.trial import TrialState
 
-    from autotune import replay as rp
+    from autotune.replay import simulate as rp
     from tests.conftest import REPO
 
     running = threading.Event()
@@ -204,7 +204,7 @@ def test_ctrl_c_while_a_trial_is_told_leaves_no_trial_running(ctrl_c_raises):
     import optuna
     from optuna.trial import TrialState
 
-    from autotune.replay import Landscape, replay
+    from autotune.replay.simulate import Landscape, replay
     from tests.conftest import REPO
 
     class InterruptedWrite(optuna.storages.InMemoryStorage):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import optuna
 from optuna.trial import create_trial
 
-from autotune.config import TrialConfig
-from autotune.export import study_profile
-from autotune.knobs import Target, illegal_combination
-from autotune.space import SearchSpace
+from autotune.core.config import TrialConfig
+from autotune.core.knobs import Target, illegal_combination
+from autotune.definition.space import SearchSpace
+from autotune.profile.export import study_profile
 from tests.unit.test_report_and_progress import HARDWARE, WORKLOAD
 
 FIXED = Target(backend="gloo", device="cpu", world_size=2, global_batch=128, cpus_per_rank=1)

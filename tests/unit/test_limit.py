@@ -1,4 +1,4 @@
-"""``autotune.limit``'s arithmetic on probe records written by hand: the compute ceiling, the
+"""``autotune.limit.probe``'s arithmetic on probe records written by hand: the compute ceiling, the
 ideal-overlap bound, the shares, the bus bandwidth, the advice, and which profile gets the
 record. (The probe itself runs in ``tests/integration/test_limit.py``.)"""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from autotune.config import TrialConfig
-from autotune.export import limit_of
-from autotune.limit import bounds, breakdown, next_step, summary_line
+from autotune.core.config import TrialConfig
+from autotune.limit.probe import bounds, breakdown, next_step, summary_line
+from autotune.profile.export import limit_of
 from tests.conftest import edited
 
 RECORD = {

@@ -9,10 +9,10 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import create_trial
 from rich.console import Console
 
-from autotune.errors import ConfigError
-from autotune.export import PARETO_RULE, pareto_choice, study_profile
-from autotune.progress import summary_table
-from autotune.studydef import StudyDefinition
+from autotune.core.errors import ConfigError
+from autotune.definition.studydef import StudyDefinition
+from autotune.profile.export import PARETO_RULE, pareto_choice, study_profile
+from autotune.report.progress import summary_table
 from tests.unit.test_report_and_progress import HARDWARE, WORKLOAD, config
 
 DISTS = {

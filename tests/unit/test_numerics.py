@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from autotune.config import TrialConfig
-from autotune.numerics import CURVE_STEPS, MIN_STEPS, changes_numerics, drift
+from autotune.core.config import TrialConfig
+from autotune.core.numerics import CURVE_STEPS, MIN_STEPS, changes_numerics, drift
 
 
 def test_only_precision_and_compression_change_numerics():
@@ -56,7 +56,7 @@ def guard_after(fp32_drift: float | None, **study_settings):
     import optuna
     from optuna.trial import create_trial
 
-    from autotune.objective import Objective
+    from autotune.search.objective import Objective
 
     study = optuna.create_study(direction="maximize")
     base_curve = [1.0 / (k + 1) for k in range(CURVE_STEPS)]
@@ -79,8 +79,8 @@ def guard_after(fp32_drift: float | None, **study_settings):
 
 
 def test_the_guard_fails_a_drifting_setting_of_a_workload_that_repeats_its_steps():
-    from autotune.errors import FailureReason
-    from autotune.objective import Objective
+    from autotune.core.errors import FailureReason
+    from autotune.search.objective import Objective
 
     for floor in (None, 0.0005):  # no fp32 rerun yet; a rerun within 0.1 %
         guard, base = guard_after(floor)
@@ -91,7 +91,7 @@ def test_the_guard_fails_a_drifting_setting_of_a_workload_that_repeats_its_steps
 
 
 def test_an_fp32_rerun_records_the_floor_and_a_workload_that_does_not_repeat_is_unjudged():
-    from autotune.objective import Objective
+    from autotune.search.objective import Objective
 
     guard, base = guard_after(None)
     attrs = {"loss_curve": [x * 1.03 for x in base]}

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.errors import ConfigError
-from autotune.paths import check_study_name, check_writable, file_stem
-from autotune.study_record import DRIVER, driver_alive, driver_identity
+from autotune.core.errors import ConfigError
+from autotune.definition.paths import check_study_name, check_writable, file_stem
+from autotune.record.study import DRIVER, driver_alive, driver_identity
 
 
 @pytest.mark.parametrize("name", ["../../x", "a/b", ".hidden", "x\0y", "", "a" * 129, "a..b"])
@@ -87,7 +87,7 @@ CAPTURED_RACE = (
 def test_a_second_driver_creating_the_same_tables_opens_the_storage_again(monkeypatch, tmp_path):
     import optuna
 
-    from autotune import storage
+    from autotune.record import storage
 
     assert storage.schema_race(RuntimeError(CAPTURED_RACE))
     assert storage.schema_race(RuntimeError('relation "studies" already exists'))

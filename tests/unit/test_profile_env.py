@@ -19,12 +19,12 @@ import yaml
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import create_trial
 
-from autotune import allocator
-from autotune.config import TrialConfig
-from autotune.errors import ConfigError
-from autotune.knobs import KNOBS, NCCL_ALGOS, NCCL_NTHREADS, NCCL_PROTOS, Target
-from autotune.profile import ALLOWED_ENV, Profile, check_env, shell_exports
-from autotune.space import SearchSpace, available_spaces
+from autotune.core import allocator
+from autotune.core.config import TrialConfig
+from autotune.core.errors import ConfigError
+from autotune.core.knobs import KNOBS, NCCL_ALGOS, NCCL_NTHREADS, NCCL_PROTOS, Target
+from autotune.definition.space import SearchSpace, available_spaces
+from autotune.profile.profile import ALLOWED_ENV, Profile, check_env, shell_exports
 
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 CPU = Target(backend="gloo", device="cpu", world_size=2, global_batch=64, cpus_per_rank=1)

@@ -10,9 +10,9 @@ import math
 
 import pytest
 
-from autotune.replay import Landscape, replay
-from autotune.replay_table import summarise
-from autotune.search import ANCHOR_EVERY
+from autotune.replay.simulate import Landscape, replay
+from autotune.replay.table import summarise
+from autotune.search.loop import ANCHOR_EVERY
 from tests.conftest import REPO
 
 LANDSCAPE = REPO / "bench" / "landscapes" / "default-loopback.json"

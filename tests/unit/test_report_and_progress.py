@@ -14,12 +14,12 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 from rich.console import Console
 
-from autotune import report
-from autotune.config import TrialConfig
-from autotune.knobs import Target
-from autotune.progress import RunView, failure_line, summary_table
-from autotune.space import SearchSpace
-from autotune.study_record import ATTR
+from autotune.core.config import TrialConfig
+from autotune.core.knobs import Target
+from autotune.definition.space import SearchSpace
+from autotune.record.study import ATTR
+from autotune.report import report
+from autotune.report.progress import RunView, failure_line, summary_table
 
 DISTS = {
     "bucket_cap_mb": FloatDistribution(1, 200, log=True),
@@ -247,7 +247,7 @@ def test_live_bar_never_runs_past_the_budget(budget):
 
 def test_a_failure_detail_with_brackets_is_printed_as_it_is():
     # gloo's errors carry "[/path/to/pair.cc:537]", which rich would read as a closing tag
-    from autotune.events import Outcome, TrialFinished
+    from autotune.report.events import Outcome, TrialFinished
 
     out = io.StringIO()
     console = Console(file=out, width=200, force_terminal=False)

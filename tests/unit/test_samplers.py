@@ -5,7 +5,7 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from autotune.samplers import FailureAwareTPESampler, make_sampler
+from autotune.search.samplers import FailureAwareTPESampler, make_sampler
 
 
 class Crash(Exception):

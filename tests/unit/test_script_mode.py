@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from autotune.config import MeasureSettings
-from autotune.errors import ConfigError
-from autotune.numerics import CURVE_STEPS
-from autotune.script_job import script_job
-from autotune.script_trial import Reports, StepStream, loss_curve
-from autotune.stats import Interval
-from autotune.studydef import StudyDefinition
+from autotune.core.config import MeasureSettings
+from autotune.core.errors import ConfigError
+from autotune.core.numerics import CURVE_STEPS
+from autotune.core.stats import Interval
+from autotune.definition.studydef import StudyDefinition
+from autotune.script.job import script_job
+from autotune.script.trial import Reports, StepStream, loss_curve
 
 M = MeasureSettings(window_s=1.0, min_windows=3, max_windows=6)
 
@@ -67,7 +67,7 @@ def test_the_wrapped_model_reports_its_steps_and_peak_memory(tmp_path, monkeypat
 
     import torch
 
-    from autotune import script_report
+    from autotune.script import report as script_report
 
     monkeypatch.setenv("AUTOTUNE_REPORT_DIR", str(tmp_path))
     monkeypatch.setenv("RANK", "0")

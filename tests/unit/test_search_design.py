@@ -1,4 +1,4 @@
-"""The search's own logic, replayed on small made-up landscapes (``autotune.replay``): the
+"""The search's own logic, replayed on small made-up landscapes (``autotune.replay.simulate``): the
 designed start (screening, then the combination), ``--n-trials`` and ``--patience``. Every
 replay runs the real loop - Optuna study, sampler, objective, stop and prune rules, budget,
 re-validation, export - with recorded runs in place of Ray ranks."""
@@ -10,8 +10,8 @@ import itertools
 import pytest
 from optuna.trial import TrialState
 
-from autotune.replay import Landscape, Run, point_key, replay
-from autotune.screening import HELPS
+from autotune.replay.simulate import Landscape, Run, point_key, replay
+from autotune.search.screening import HELPS
 
 GRID = {
     "bucket_cap_mb": [5.0, 25.0, 100.0],
@@ -150,7 +150,7 @@ def test_patience_stops_after_that_many_trials_without_a_new_best():
 
 
 def test_the_defaults_are_measured_again_every_anchor_every_trials():
-    from autotune.search import ANCHOR_EVERY
+    from autotune.search.loop import ANCHOR_EVERY
 
     r = replay(landscape(TWO_HELP, noise=0.02), seed=1, n_trials=2 * ANCHOR_EVERY + 12,
                validate_top=0, budget_s=10_000)  # fmt: skip
@@ -169,7 +169,7 @@ def test_the_defaults_are_measured_again_every_anchor_every_trials():
 def test_speedups_are_taken_against_the_defaults_measured_nearest_in_time():
     import optuna
 
-    from autotune.study_record import anchored_speedup, nearest_anchor
+    from autotune.record.study import anchored_speedup, nearest_anchor
 
     study = optuna.create_study(direction="maximize")
     for value, attrs in [
@@ -191,8 +191,8 @@ def test_speedups_are_taken_against_the_defaults_measured_nearest_in_time():
 
 
 def test_the_profile_records_every_run_of_the_defaults_and_the_screened_effects(tmp_path):
-    from autotune.export import study_profile
-    from autotune.profile import Profile
+    from autotune.profile.export import study_profile
+    from autotune.profile.profile import Profile
 
     r = replay(landscape(TWO_HELP), seed=0, n_trials=12)
     profile = study_profile(r.study)
@@ -206,10 +206,10 @@ def test_the_profile_records_every_run_of_the_defaults_and_the_screened_effects(
 
 
 def test_a_screened_gain_within_its_own_noise_is_not_called_help():
-    from autotune.events import ScreeningDone
-    from autotune.export import screening_effects
-    from autotune.progress import _screening_lines
-    from autotune.screening import verdict
+    from autotune.profile.export import screening_effects
+    from autotune.report.events import ScreeningDone
+    from autotune.report.progress import _screening_lines
+    from autotune.search.screening import verdict
 
     def said(noise: float) -> dict[str, str]:
         r = replay(landscape(TWO_HELP, noise=noise), seed=0, n_trials=12)
@@ -235,7 +235,7 @@ def test_a_screened_gain_within_its_own_noise_is_not_called_help():
 
 
 def test_a_screening_record_from_someone_elses_study_cannot_smuggle_values():
-    from autotune.export import screening_effects
+    from autotune.profile.export import screening_effects
 
     r = replay(landscape(TWO_HELP), seed=0, n_trials=9)
     r.study.set_user_attr(
@@ -250,7 +250,7 @@ def test_a_screening_record_from_someone_elses_study_cannot_smuggle_values():
 
 
 def test_ablation_keeps_only_the_knobs_that_carry_the_gain():
-    from autotune.export import study_profile
+    from autotune.profile.export import study_profile
 
     # Two switches carry the gain; gradient_as_bucket_view and 100 MB buckets are passengers
     # (exactly no effect), fp16 compression hurts.
@@ -308,7 +308,7 @@ def test_knobs_that_each_prove_nothing_alone_but_carry_the_gain_together_are_kep
     """gradient_as_bucket_view and static_graph do the same work here: either gives 1.15x,
     both together no more. Dropping either alone from the winner costs nothing, dropping both
     costs 13 %: the ablation measures the reduced configuration before exporting it."""
-    from autotune.export import study_profile
+    from autotune.profile.export import study_profile
 
     names = sorted(GRID)
     runs = {}
@@ -336,15 +336,15 @@ def test_knobs_that_each_prove_nothing_alone_but_carry_the_gain_together_are_kep
 
 
 def _cpu_target(native: bool):
-    from autotune.knobs import Target
+    from autotune.core.knobs import Target
 
     return Target(backend="gloo", device="cpu", world_size=2, global_batch=128,
                   cpus_per_rank=1, bf16=True, bf16_native=native)  # fmt: skip
 
 
 def test_bf16_is_screened_first_on_a_cpu_with_bf16_units_and_not_on_one_without():
-    from autotune.screening import applicable
-    from autotune.space import SearchSpace
+    from autotune.definition.space import SearchSpace
+    from autotune.search.screening import applicable
 
     space = SearchSpace.load("default")
     with_units = [p.label for p, _ in applicable(space.resolve(_cpu_target(True)))]
@@ -357,7 +357,7 @@ def test_bf16_is_screened_first_on_a_cpu_with_bf16_units_and_not_on_one_without(
 
 
 def test_the_cpu_flags_say_whether_bf16_runs_in_hardware(tmp_path):
-    from autotune.hardware import CPU_BF16_FLAGS, _cpuinfo
+    from autotune.launch.hardware import CPU_BF16_FLAGS, _cpuinfo
 
     def cpuinfo(flags: str) -> tuple[str | None, frozenset[str]]:
         f = tmp_path / "cpuinfo"
@@ -388,7 +388,7 @@ def test_a_landscape_recorded_on_bf16_units_gets_bf16_screened_first():
 
 
 def test_the_probe_reads_the_cpu_flags(monkeypatch):
-    from autotune import hardware
+    from autotune.launch import hardware
 
     monkeypatch.setattr(hardware, "_cpuinfo", lambda: ("Some CPU", frozenset({"amx_bf16"})))
     got = hardware.describe("gloo")
@@ -399,8 +399,8 @@ def test_the_probe_reads_the_cpu_flags(monkeypatch):
 
 
 def test_re_measurement_runs_take_the_study_s_rerun_windows():
-    from autotune.config import MeasureSettings
-    from autotune.errors import ConfigError
+    from autotune.core.config import MeasureSettings
+    from autotune.core.errors import ConfigError
 
     m = MeasureSettings(rerun_windows=4)
     assert (m.rerun().min_windows, m.rerun().max_windows) == (4, 4)

@@ -1,5 +1,6 @@
 """The search measures first, spends its budget where the gain is, says why it stops, and stops
-when it has converged: replayed on the recorded landscapes (``autotune.replay``) bounded by a
+when it has converged: replayed on the recorded landscapes (``autotune.replay.simulate``) bounded
+by a
 budget, not by a trial count, so that a budget rule that starves the search fails here. Tests
 over recorded data, not timings: every replay is deterministic."""
 
@@ -9,11 +10,11 @@ import statistics
 
 import pytest
 
-from autotune.bottleneck import FIRST_ATTR, Evidence
-from autotune.replay import Landscape, replay
-from autotune.screening import HELPS, plan
-from autotune.search import UNTRIED_SHARE
-from autotune.stop import STOP_ATTR, StopRecord
+from autotune.limit.evidence import FIRST_ATTR, Evidence
+from autotune.replay.simulate import Landscape, replay
+from autotune.search.loop import UNTRIED_SHARE
+from autotune.search.screening import HELPS, plan
+from autotune.search.stop import STOP_ATTR, StopRecord
 from tests.conftest import REPO
 
 LANDSCAPES = REPO / "bench" / "landscapes"
@@ -86,7 +87,7 @@ def test_no_search_stops_with_a_third_left_while_a_prior_beyond_the_noise_is_unt
 
 
 def _target(land):
-    from autotune.knobs import Target
+    from autotune.core.knobs import Target
 
     hw = land.meta.get("hardware") or {}
     return Target(backend="gloo", device="cpu", world_size=2, global_batch=128, cpus_per_rank=1,

@@ -1,4 +1,5 @@
-"""Run settings declared once (``autotune.settings``): the study definition loader and the
+"""Run settings declared once (``autotune.definition.settings``): the study definition loader and
+the
 ``run`` command's flags are generated from the same declarations, and every error names what
 the user wrote."""
 
@@ -10,12 +11,12 @@ from dataclasses import dataclass, fields
 
 import pytest
 
-from autotune import settings
-from autotune.cli import build_parser, main
-from autotune.config import MeasureSettings
-from autotune.errors import ConfigError
-from autotune.settings import DURATION, Whole, declared, setting
-from autotune.studydef import StudyDefinition
+from autotune.cli.main import build_parser, main
+from autotune.core.config import MeasureSettings
+from autotune.core.errors import ConfigError
+from autotune.definition import settings
+from autotune.definition.settings import DURATION, Whole, declared, setting
+from autotune.definition.studydef import StudyDefinition
 
 #: Settings that only a study definition file holds (no flag).
 FILE_ONLY = {"description", "measure"}

@@ -5,10 +5,10 @@ import pytest
 import yaml
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from autotune.errors import ConfigError
-from autotune.knobs import KNOBS, Target
-from autotune.samplers import make_sampler
-from autotune.space import SearchSpace, distribution_from_yaml, distribution_to_yaml
+from autotune.core.errors import ConfigError
+from autotune.core.knobs import KNOBS, Target
+from autotune.definition.space import SearchSpace, distribution_from_yaml, distribution_to_yaml
+from autotune.search.samplers import make_sampler
 
 CPU = Target(
     backend="gloo",

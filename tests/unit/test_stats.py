@@ -1,4 +1,5 @@
-"""The measurement protocol (autotune.stats) on synthetic timings; every random draw is seeded."""
+"""The measurement protocol (autotune.core.stats) on synthetic timings; every random draw is
+seeded."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from autotune.stats import (
+from autotune.core.stats import (
     NO_WINNER_REASON,
     Interval,
     PruneRule,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autotune.errors import ConfigError
-from autotune.workload import Workload, available_trainers, load_workload
+from autotune.core.errors import ConfigError
+from autotune.rank.workload import Workload, available_trainers, load_workload
 
 SMALL = {
     "mlp": {"width": 32, "layers": 2, "global_batch": 16},
@@ -65,7 +65,7 @@ def test_the_convnet_dataset_does_cpu_work_per_sample():
 
 def test_a_bad_tokens_per_sample_is_refused(monkeypatch, tmp_path):
     (tmp_path / "badtokens.py").write_text(
-        "import torch\nfrom autotune.workload import Workload\n"
+        "import torch\nfrom autotune.rank.workload import Workload\n"
         "def wl(**o):\n"
         "    return Workload(model=lambda: torch.nn.Linear(2, 2), dataset=[(0, 0)],\n"
         "                    loss=lambda a, b: a, optimizer=lambda p: None, global_batch=2,\n"

@@ -1,0 +1,258 @@
+"""The ``autotune`` command: run, export, report, dashboard, env, launch, lab, and listings of
+spaces, trainers and studies.
+
+Bad input is one line on stderr naming the thing and the fix, exit code 2, nothing written.
+This module holds ``main`` (errors and exit codes) and ``autotune run``, whose setting flags are
+generated from ``autotune.definition.settings``; the other commands live in ``cli.study`` (commands
+that
+read a stored study) and ``cli.tools`` (profiles, the network lab, listings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from autotune.cli import study as cli_study
+from autotune.cli import tools as cli_tools
+from autotune.cli.study import default_run_dir
+from autotune.core.errors import (
+    AutotuneError,
+    BaselineFailed,
+    ConfigError,
+    interrupted_by,
+    raise_terminated,
+)
+from autotune.definition import settings
+from autotune.definition.studydef import StudyDefinition
+from autotune.limit.probe import LIMIT_ATTR, summary_line
+from autotune.record.storage import display_url
+from autotune.search.stop import STOP_ATTR, StopRecord
+
+__all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "Parser", "build_parser", "default_run_dir", "main"]
+
+#: When the command started (this module is imported first): ``autotune run``'s budget counts
+#: from here, Ray's start and the placement included.
+STARTED = time.monotonic()
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors are one line and exit 2, like every bad input."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"autotune: error: {message} (see {self.prog} --help)\n")
+
+
+DESCRIPTION = (
+    "Tune the throughput of a PyTorch DDP job: an Optuna study of short, real DDP trials "
+    "launched through Ray, measured against PyTorch's defaults, exported as a YAML profile "
+    "that your training script applies."
+)
+
+
+def version_line() -> str:
+    """``autotune --version``: this release and the versions a bug report needs."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import autotune
+
+    def of(dist: str) -> str:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return "not installed"
+
+    parts = ", ".join(f"{d} {of(d)}" for d in ("torch", "optuna", "ray"))
+    return f"autotune {autotune.__version__} ({autotune.DISTRIBUTION}; {parts})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="autotune", description=DESCRIPTION)
+    p.add_argument("--version", action="version", version=version_line())
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+    _add_run(sub)
+    cli_study.add_commands(sub)
+    cli_tools.add_commands(sub)
+    return p
+
+
+def _add_run(sub: Any) -> None:
+    r = sub.add_parser(
+        "run",
+        help="tune a DDP workload and export the best profile",
+        description="Tune a DDP workload and export the best profile.",
+    )
+    r.add_argument(
+        "--study",
+        default="default",
+        help="study definition: a name from studies/ or a YAML file (default: default)",
+    )
+    settings.add_flags(
+        r.add_argument_group(
+            "settings",
+            "Each flag overrides the study definition's key of the same name (dashes for "
+            "underscores; --trainer-option adds to trainer_options). A default shown applies "
+            "where the study definition leaves the key out.",
+        ),
+        StudyDefinition,
+    )
+    out = r.add_argument_group("where and how it runs")
+    out.add_argument(
+        "--study-name",
+        help="Optuna study name (default: derived from the study "
+        "definition, trainer, backend and world size); an existing one is resumed",
+    )
+    out.add_argument("--storage", help="Optuna RDB URL (default: sqlite in the run directory)")
+    out.add_argument(
+        "--run-dir",
+        type=Path,
+        help="where the database and profiles go (default: $AUTOTUNE_HOME or ~/.autotune)",
+    )
+    out.add_argument(
+        "--address",
+        help="join this Ray cluster (auto or HOST:PORT) instead of starting a local instance",
+    )
+    out.add_argument(
+        "--profile",
+        type=Path,
+        help="where to write the profile YAML (default: RUN_DIR/profiles/STUDY_NAME.yaml)",
+    )
+    out.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no live display: one plain line per trial, for logs (also when stdout is "
+        "not a terminal)",
+    )
+    r.add_argument(
+        "cmd",
+        nargs=argparse.REMAINDER,
+        help="script mode: -- CMD ... runs your own training command as each trial (e.g. -- "
+        "torchrun --nproc-per-node 2 train.py); needs --global-batch",
+    )
+    r.set_defaults(action=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from autotune.report.progress import RunView
+    from autotune.tuner import RunRequest, run
+
+    flags = settings.flag_values(args, StudyDefinition)  # errors name the flag
+    d = StudyDefinition.load(args.study).override(**flags)
+    if args.cmd:
+        if args.cmd[0] != "--" or len(args.cmd) < 2:
+            raise ConfigError(
+                f"autotune run: unexpected {args.cmd[0]!r}; a command goes after --: "
+                "autotune run [options] -- CMD ..."
+            )
+        d = dataclasses.replace(d, command=tuple(args.cmd[1:]))
+    # A terminal gets the live display; --quiet or a log file gets plain lines.
+    console = Console(force_terminal=False) if args.quiet else Console()
+    req = RunRequest(
+        definition=d,
+        run_dir=(args.run_dir or default_run_dir()).expanduser().absolute(),
+        study_name=args.study_name,
+        storage_url=args.storage,
+        address=args.address,
+        profile_path=args.profile,
+        sigterm=True,
+        started=STARTED,
+    )
+    # SIGTERM (SLURM preemption, `timeout`, `docker stop`) stops the run like Ctrl-C does: here
+    # until Ray is connected, then by the handler run() installs over Ray's own.
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        with RunView(console, budget_s=d.budget_s) as view:
+            summary = run(req, emit=view)
+        _print_summary(console, summary)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if summary.interrupted:
+        return EXIT_TERMINATED if summary.terminated else EXIT_INTERRUPTED
+    if summary.stopped:
+        print(f"autotune: stopped early: {summary.stopped}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _exported_line(path: Path) -> str:
+    """What the exported profile says, in one line: the speedup it stands for and on what."""
+    from autotune.profile.profile import Profile
+
+    return Profile.load(path).headline()
+
+
+def _print_summary(console: Any, summary: Any) -> None:
+    from autotune.report.progress import failure_line, summary_table
+
+    def say(text: str) -> None:
+        console.print(text, highlight=False, soft_wrap=True, markup=False)
+
+    t = summary.trials
+    say("")
+    if summary.study is not None and t.get("complete"):
+        console.print(summary_table(summary.study))
+    say(
+        f"Study      {summary.study_name}: {t.get('complete', 0)} complete, "
+        f"{t.get('failed', 0)} failed, {t.get('pruned', 0)} pruned"
+    )
+    failed = None if summary.study is None else failure_line(summary.study)
+    if failed:
+        say(failed)
+    if summary.baseline and summary.best:
+        say(
+            f"Search     baseline {summary.baseline:.1f} samples/s, best single trial "
+            f"{summary.best:.1f} samples/s ({summary.best / summary.baseline:.2f}x)"
+        )
+    stop = None if summary.study is None else summary.study.user_attrs.get(STOP_ATTR)
+    with contextlib.suppress(ValueError):  # a study from elsewhere may hold anything there
+        say(f"Stopped    {StopRecord.from_attrs(stop).line().removeprefix('Search stopped ')}")
+    if summary.profile_path:
+        say(f"Exported   {_exported_line(summary.profile_path)}")
+    limit = None if summary.study is None else summary.study.user_attrs.get(LIMIT_ATTR)
+    if isinstance(limit, dict) and (line := summary_line(limit)):
+        say(f"Limit      {line.removeprefix('Limit: ')}")
+    say(f"Storage    {display_url(summary.storage_url)}")
+    if summary.profile_path:
+        say(f"Profile    {summary.profile_path}")
+    say(f"Dashboard  optuna-dashboard {display_url(summary.storage_url)}")
+    say(f"Report     autotune report --study-name {summary.study_name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.action(args)
+    except ConfigError as e:
+        print(f"autotune: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except BaselineFailed as e:
+        print(f"autotune: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as e:
+        if interrupted_by(e) == "SIGTERM":
+            print("autotune: terminated (SIGTERM)", file=sys.stderr)
+            return EXIT_TERMINATED
+        print("autotune: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `autotune spaces | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except AutotuneError as e:
+        print(f"autotune: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""glibc malloc's thresholds, pinned: in autotune's rank processes, in script-mode trials and,
+through the profile, in your own job.
+
+Left dynamic, glibc starts a process at a 128 KiB mmap threshold and raises it only as it frees
+mmapped blocks, trimming the heap in between: a training step maps, faults in (zeroed) and
+unmaps its large tensors again and again. Measured on this project's 2-core box:
+
+* rank processes of the warm pool: 10-20 % slower for their first 20-30 steps, then about
+  10 % slower for good (0.229 s against 0.208 s a step of the default workload;
+  ``bench/settle.py``) - the cause of the cold first baseline;
+* the same model as a plain torchrun script (``bench/mlp_script.py``), new processes: 20-25 %
+  slower in every step of a 300-step run (docs/measurement.md).
+
+Pinned (``mallopt(M_MMAP_THRESHOLD, 32 MiB)``, ``mallopt(M_TRIM_THRESHOLD, 1 GiB)``; either
+call also turns off the dynamic adjustment), large tensors come from the heap and the heap is
+not given back between steps. Autotune measures every configuration, the defaults included,
+with the allocator pinned, so the profile carries the pin as two environment variables
+(``ENV``), which glibc reads when a process starts (``autotune launch``, script-mode trials)
+and ``Profile.apply_env`` applies at once (``pin``) in a process already running.
+
+On a C library other than glibc the variables do nothing and ``pin`` returns False. The cost:
+a process keeps up to ``TRIM_THRESHOLD`` of freed heap instead of returning it at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+from collections.abc import Mapping
+
+from autotune.core.values import int_range
+
+__all__ = ["ENV", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "legal_mmap", "legal_trim", "pin", "trim"]
+
+#: ``M_MMAP_THRESHOLD``: glibc's largest (32 MiB on 64-bit), so gradients, activations and
+#: buckets up to that size come from the heap, not a fresh mmap.
+MMAP_THRESHOLD = 32 * 2**20
+#: ``M_TRIM_THRESHOLD``: the free heap is not given back while a trial runs (``trim`` gives it
+#: back explicitly when a trial ends).
+TRIM_THRESHOLD = 2**30
+#: The same pin as glibc's environment variables (the trailing ``_`` is glibc's spelling).
+MMAP_ENV, TRIM_ENV = "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"
+ENV: Mapping[str, str] = {MMAP_ENV: str(MMAP_THRESHOLD), TRIM_ENV: str(TRIM_THRESHOLD)}
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # malloc.h
+
+
+#: Why a value is not one for ``MALLOC_MMAP_THRESHOLD_`` (glibc's range), or None.
+legal_mmap = int_range(0, MMAP_THRESHOLD)
+#: Why a value is not one for ``MALLOC_TRIM_THRESHOLD_``, or None.
+legal_trim = int_range(0, 2**50)
+
+
+def pin(env: Mapping[str, str] = ENV) -> bool:
+    """``mallopt`` the thresholds ``env`` names (default: ``ENV``) in this process; False
+    where the C library is not glibc or glibc refused a value."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    ok = True
+    for name, option in ((MMAP_ENV, _M_MMAP_THRESHOLD), (TRIM_ENV, _M_TRIM_THRESHOLD)):
+        if name in env:
+            ok = bool(mallopt(option, int(env[name]))) and ok
+    return ok
+
+
+def trim() -> None:
+    """Give the free heap back to the system now (``malloc_trim(0)``); nothing off glibc."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)

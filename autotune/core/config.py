@@ -1,0 +1,223 @@
+"""One trial's configuration, in the sections the profile uses and the ranks apply.
+
+``TrialConfig.from_values`` turns a full assignment of knob values (``ResolvedSpace.suggest``)
+into the settings each rank applies where they act:
+
+* ``env``: process environment (``NCCL_*``, ``OMP_NUM_THREADS``, and glibc's allocator pinned
+  in every trial alike, ``autotune.core.allocator.ENV``), put in every rank's process when Ray
+  starts it, before the process group exists;
+* ``ddp``: ``DistributedDataParallel`` kwargs, plus ``comm_hook`` registered after wrapping;
+* ``data``: ``DataLoader`` kwargs;
+* ``precision``: autocast dtype and GradScaler (or TF32 matmuls);
+* ``batch``: micro-batch per rank and the accumulation steps that keep the global batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, ClassVar
+
+from autotune.core import allocator
+from autotune.core.errors import ConfigError
+from autotune.core.knobs import KNOBS, UNSET, Target
+
+__all__ = ["TrialConfig"]
+
+#: PowerSGD compresses from this iteration on; small so that warm-up covers the switch.
+#: (torch's default of 1000 would make every short trial measure plain all-reduce.)
+POWERSGD_START_ITER = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialConfig:
+    """Everything one trial sets, grouped by where it acts."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables of every rank process."""
+    ddp: dict[str, Any] = field(default_factory=dict)
+    """DistributedDataParallel kwargs."""
+    comm_hook: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
+    """``{name: none|fp16|bf16|powersgd, ...}`` with PowerSGD's options."""
+    data: dict[str, Any] = field(default_factory=dict)
+    """DataLoader kwargs."""
+    precision: str = "fp32"
+    """fp32, tf32, bf16 or fp16."""
+    micro_batch: int = 1
+    """Samples per rank per forward/backward."""
+    accumulation_steps: int = 1
+    """Micro-steps per optimizer step (all-reduce only on the last)."""
+    global_batch: int = 1
+    """micro_batch x accumulation_steps x world size."""
+    threads: int = 1
+    """torch intra-op threads per rank."""
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any], target: Target) -> TrialConfig:
+        """Every knob's value (defaults included) -> the configuration of one trial."""
+        env = {
+            name: str(values[name])
+            for name, k in KNOBS.items()
+            if k.section == "nccl" and values[name] != UNSET
+        }
+        env["OMP_NUM_THREADS"] = str(values["threads"])
+        env.update(allocator.ENV)  # not a knob: how every trial runs, so the profile keeps it
+        hook: dict[str, Any] = {"name": values["comm_hook"]}
+        if hook["name"] == "powersgd":
+            hook["matrix_approximation_rank"] = values["powersgd_rank"]
+            hook["start_powerSGD_iter"] = POWERSGD_START_ITER
+        data: dict[str, Any] = {
+            "num_workers": values["num_workers"],
+            "pin_memory": values["pin_memory"],
+        }
+        if values["num_workers"] > 0:
+            data["prefetch_factor"] = values["prefetch_factor"]
+            data["persistent_workers"] = values["persistent_workers"]
+        micro = values["micro_batch"]
+        # --free-batch: the micro-batch is the per-rank batch (the global batch follows it)
+        per_rank = micro if target.free_batch else target.per_rank_batch
+        return cls(
+            env=env,
+            ddp={
+                "bucket_cap_mb": float(values["bucket_cap_mb"]),
+                "gradient_as_bucket_view": values["gradient_as_bucket_view"],
+                "static_graph": values["static_graph"],
+            },
+            comm_hook=hook,
+            data=data,
+            precision=values["precision"],
+            micro_batch=micro,
+            accumulation_steps=per_rank // micro,
+            global_batch=micro * (per_rank // micro) * target.world_size,
+            threads=values["threads"],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "configuration") -> TrialConfig:
+        """The configuration a trial stored (``to_dict``); a mapping with other keys (a study
+        from someone else's database) is a ConfigError naming ``where``."""
+        names = {f.name for f in fields(cls)}
+        if not isinstance(data, Mapping) or set(data) != names:
+            got = sorted(data) if isinstance(data, Mapping) else type(data).__name__
+            raise ConfigError(
+                f"{where}: not an autotune trial configuration (expected keys "
+                f"{', '.join(sorted(names))}; got {got})"
+            )
+        return cls(**dict(data))
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasureSettings:
+    """How a trial measures throughput (the rules are in ``autotune.core.stats``).
+
+    Warm-up runs until the slowest rank's step time settles; then timed windows of about
+    ``window_s`` each until the 95 % interval of their median is within
+    ``target_rel_half_width`` of it, or ``max_windows``. From ``prune_after`` windows on, a
+    trial whose interval lies wholly below the incumbent's is stopped (PRUNED).
+    """
+
+    min_warmup_steps: int = 2
+    """Optimizer steps always discarded before the settle rule looks."""
+    settle_window: int = 2
+    """Steps in each of the two medians the settle rule compares (warm-up is at least
+    ``min_warmup_steps + 2 * settle_window`` steps)."""
+    settle_tol: float = 0.05
+    """Settled when the two medians differ by at most this fraction."""
+    max_warmup_steps: int = 100
+    """Warm-up ends here even if the step time never settled."""
+    window_s: float = 1.0
+    """Target length of one timed window, in seconds."""
+    min_steps: int = 2
+    """Fewest optimizer steps per window."""
+    max_steps: int = 100_000
+    """Most optimizer steps per window."""
+    min_windows: int = 3
+    """Fewest windows before the trial may stop (the interval needs them)."""
+    max_windows: int = 10
+    """The cap: stop here even if the interval is still wide."""
+    target_rel_half_width: float = 0.03
+    """Stop once the interval's half-width is at most this fraction of the median."""
+    prune_after: int = 2
+    """Windows measured before a trial may be pruned."""
+    rerun_windows: int = 3
+    """Windows of each re-measurement run (re-validation, ablation): a fixed number, no stop
+    or prune rule."""
+    rerun_settle_window: int = 1
+    """``settle_window`` of a re-measurement run: its processes ran the configuration in the
+    search, and whatever warm-up bias is left is common to both sides of a paired ratio."""
+
+    FLOORS: ClassVar[tuple[tuple[str, int | str], ...]] = (
+        ("settle_window", 1),
+        ("max_warmup_steps", "min_warmup_steps"),
+        ("min_steps", 1),
+        ("max_steps", "min_steps"),
+        ("min_windows", 1),
+        ("max_windows", "min_windows"),
+        ("prune_after", 2),
+        ("rerun_windows", 2),
+        ("rerun_settle_window", 1),
+    )
+    """Each field's least value beyond >= 0, a number or the field it may not go below: the
+    rules of ``autotune.core.stats`` (a study asks more: two windows for an interval)."""
+
+    def __post_init__(self) -> None:
+        """Each field within its rule; messages start with the field's name (a study definition
+        prefixes ``measure.``), state the rule and the value seen."""
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(f.default, float):
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                    raise ConfigError(f"{f.name} must be a positive number, got {v!r}")
+            elif isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{f.name} must be a whole number >= 0, got {v!r}")
+        for name, low in self.FLOORS:
+            floor = low if isinstance(low, int) else getattr(self, low)
+            v = getattr(self, name)
+            if v < floor:
+                of = f"{floor}" if isinstance(low, int) else f"{low} ({floor})"
+                raise ConfigError(f"{name} must be a whole number >= {of}, got {v}")
+
+    def settle_rule(self) -> Any:
+        from autotune.core.stats import SettleRule
+
+        return SettleRule(
+            window=self.settle_window,
+            rel_tol=self.settle_tol,
+            min_steps=self.min_warmup_steps,
+            max_steps=self.max_warmup_steps,
+        )
+
+    def rerun(self) -> MeasureSettings:
+        """The settings of a re-measurement run (re-validation, ablation): ``rerun_windows``
+        windows after a warm-up settled over ``rerun_settle_window`` steps. The noise of such
+        a comparison is between runs, so short runs in more rounds say more than long runs in
+        few."""
+        return replace(
+            self,
+            min_windows=self.rerun_windows,
+            max_windows=self.rerun_windows,
+            settle_window=self.rerun_settle_window,
+        )
+
+    def warmup_steps_fewer(self, than: MeasureSettings) -> int:
+        """Warm-up steps these settings need fewer than ``than`` at the least: the settle rule
+        compares two medians of ``settle_window`` steps, so two per step of the window
+        (``rerun()`` against the search's settings: 2 by default)."""
+        return 2 * max(0, than.settle_window - self.settle_window)
+
+    def stop_rule(self) -> Any:
+        from autotune.core.stats import StopRule
+
+        return StopRule(
+            rel_half_width=self.target_rel_half_width,
+            min_windows=self.min_windows,
+            max_windows=self.max_windows,
+        )
+
+    def prune_rule(self) -> Any:
+        from autotune.core.stats import PruneRule
+
+        return PruneRule(min_windows=self.prune_after)

@@ -1,0 +1,97 @@
+"""What a rank is given and what it gives back: the types that cross from the driver to a rank
+process and back (through Ray), so that neither side imports the other's modules for them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.core.config import MeasureSettings, TrialConfig
+
+__all__ = ["MemoryLimitExceeded", "NonFiniteLoss", "RankResult", "RankSpec"]
+
+
+class MemoryLimitExceeded(MemoryError):
+    """The rank's peak resident memory went over ``--max-memory``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankSpec:
+    """Everything one rank needs to run its part of a trial."""
+
+    trial: int
+    rank: int
+    world_size: int
+    backend: str
+    master_addr: str
+    master_port: int
+    trainer: str
+    trainer_options: dict[str, Any] = field(default_factory=dict)
+    config: TrialConfig
+    measure: MeasureSettings
+    seed: int = 0
+    timeout_s: float = 300.0
+    max_memory_mb: float | None = None
+    """Host memory limit per rank (the trial's peak RSS); over it the trial fails with ``oom``
+    (checked after each optimizer step)."""
+    incumbent: dict[str, Any] | None = None
+    """The best trial's throughput interval (``Interval.to_dict``): prune below it."""
+    local_rank: int = 0
+    """This rank's index among the trial's ranks on its node."""
+    local_world_size: int = 1
+    """The trial's ranks on this rank's node."""
+    log_dir: str | None = None
+    """Where this rank's output goes for the trial (``rank-N.log``): its stdout and stderr, its
+    DataLoader workers' and NCCL's. None: where the process's output always goes (Ray's)."""
+    limit: dict[str, Any] | None = None
+    """The limit probe's settings (``autotune.rank.limit_probe.probe``): after the warm-up, time the
+    step's phases with and without communication and the all-reduce alone, instead of the
+    timed windows. None: a trial."""
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss became NaN or infinite during the trial."""
+
+
+@dataclass(kw_only=True)
+class RankResult:
+    """What one rank measured in one trial (the launcher adds where and in which process)."""
+
+    rank: int
+    applied: dict[str, Any]
+    """The settings read back from the live objects (DDP, DataLoader, scaler), not the spec."""
+    pid: int
+    steps: int
+    """Optimizer steps inside timed windows."""
+    samples: int
+    """Samples this rank processed inside timed windows."""
+    window_s: float
+    """Seconds inside timed windows (the slowest rank's, every rank holds the same)."""
+    windows: list[float]
+    """Samples/s over all ranks, one per timed window (the same list on every rank)."""
+    steps_per_window: int
+    warmup_steps: int
+    stop: str
+    """Why the windows stopped: ``converged``, ``cap`` or ``pruned`` (``autotune.core.stats``), or
+    ``limit`` for the limit probe (whose windows are single steps)."""
+    setup_s: float
+    """Seconds from the call to the first timed window: process group, model, DDP, loader,
+    warm-up."""
+    warmup_s: float
+    measure_s: float
+    """Seconds of the timed windows and the gaps between them."""
+    loss: float
+    loss_curve: list[float]
+    peak_memory_mb: float
+    env_at_start: dict[str, str | None] = field(default_factory=dict)
+    """The process environment's trial variables as the process started (what NCCL read)."""
+    pg_at_start: bool = False
+    """Whether a process group existed when the process started (never should)."""
+    process_trials: int = 1
+    """Trials this process has run, this one included."""
+    reused: bool = False
+    """Whether the process ran an earlier trial (the launcher's pool)."""
+    node_ip: str | None = None
+    """The address of the node the rank ran on."""
+    limit: dict[str, Any] | None = None
+    """What the limit probe measured (the slowest rank's; every rank holds the same)."""

@@ -1,0 +1,86 @@
+"""Why a trial failed: the classifiers that turn what a rank raised (gloo, Ray, CUDA errors)
+into a ``FailureReason`` (defined with ``TrialFailed`` in ``autotune.core.errors``).
+
+The classifiers are pure functions over exception objects and error text; they know the
+wording of the errors they read, and ``tests/unit/test_failures.py`` holds captured examples of
+each. ``launcher`` calls them on what the ranks raised; ``objective`` records the result on the
+trial (``record.study.record_failure``); ``samplers`` shows the sampler the failures whose
+reason is about the configuration (``FailureReason.learned``).
+"""
+
+from __future__ import annotations
+
+from autotune.core.errors import FailureReason, TrialFailed
+
+__all__ = [
+    "FailureReason",
+    "classify",
+    "death_line",
+    "first_line",
+    "gone_away",
+    "learned_reasons",
+]
+
+
+def learned_reasons() -> frozenset[str]:
+    """The reasons (as stored on trials) that the sampler learns from."""
+    return frozenset(r.value for r in FailureReason if r.learned)
+
+
+#: What a surviving rank says when its peer's process or node is gone (gloo, Ray).
+PEER_LOSS = ("connection closed by peer", "connection reset", "broken pipe", "socket closed")
+
+
+def first_line(text: str) -> str:
+    """The first meaningful line of an error text: not a traceback header, not blank."""
+    for line in str(text).splitlines():
+        line = line.strip()
+        if line and not line.startswith(("Traceback", "File ", "^", "ray::")):
+            return line[:300]
+    return str(text).strip()[:300]
+
+
+def death_line(text: str) -> str:
+    """Why Ray says an actor died: the line after its generic first line and tab-indented
+    details (``The actor is dead because its worker process has died...``)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    for line in lines[1:]:
+        if not line.startswith("\t"):
+            return line.strip()[:300]
+    return first_line(text)
+
+
+def gone_away(f: TrialFailed) -> bool:
+    """A failure that only says a peer or a rank's process went away (the symptom of a lost
+    node, or of a process killed outright), not what a rank's own code raised."""
+    text = f.detail.lower()
+    return "its process died" in text or any(t in text for t in PEER_LOSS)
+
+
+def classify(rank: int, err: BaseException) -> TrialFailed:
+    """The failure of ``rank`` that raised ``err`` (a Ray error wrapping the rank's own, or a
+    Ray error saying the actor died)."""
+    import ray.exceptions as rex
+
+    from autotune.core.rank_io import NonFiniteLoss
+
+    cause = getattr(err, "cause", None) or err
+    if isinstance(err, rex.RayActorError) and not isinstance(err, rex.RayTaskError):
+        why = death_line(str(err))
+        if "node" in why.lower() and ("died" in why or "dead" in why):
+            return TrialFailed(FailureReason.NODE_LOST, f"rank {rank}: its node was lost ({why})")
+        return TrialFailed(FailureReason.CRASH, f"rank {rank}: its process died ({why})")
+    if isinstance(cause, NonFiniteLoss):
+        return TrialFailed(FailureReason.NAN, f"rank {rank}: {cause}")
+    return classify_text(
+        rank, type(cause).__name__, str(cause), memory=isinstance(cause, MemoryError)
+    )
+
+
+def classify_text(rank: int, kind: str, message: str, *, memory: bool = False) -> TrialFailed:
+    """The failure of a rank that raised an exception of type ``kind`` with ``message``:
+    ``oom`` for memory errors (host or CUDA), else ``crash`` with the first meaningful line."""
+    text = f"{kind}: {first_line(message)}"
+    if memory or "OutOfMemoryError" in text or "out of memory" in text:
+        return TrialFailed(FailureReason.OOM, f"rank {rank}: {text}")
+    return TrialFailed(FailureReason.CRASH, f"rank {rank}: {text}")

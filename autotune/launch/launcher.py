@@ -1,0 +1,338 @@
+"""Where trials are launched: one placement group, one trial at a time, with a deadline.
+
+``TrialRunner`` reserves one placement group with a bundle per rank for the whole run, so every
+trial's ranks land where the first trial's did and no trial waits on scheduling. Its rank
+processes are a warm pool (``autotune.launch.pool``). (Ray Train's TorchTrainer creates the process
+group before user code runs and costs 11-16 s per trial here; plain actors avoid both.)
+
+The runner waits for the ranks with a deadline. A rank that raises fails the trial with its
+first error line (``autotune.launch.failures.classify``); a rank that hangs fails it with
+``timeout``. When every error only says that a peer or a process went away, the cluster is
+asked whether one of the trial's nodes died (``node_lost``). After any failure (and on
+``close``) every actor of the trial is killed, so the next trial starts fresh ones.
+
+One runner serves one thread at a time (the trial's); ``abort`` may be called from another
+(Ctrl-C) to kill the running trial's ranks.
+
+Script mode (``autotune.script.trial``) uses the group differently: ``call_in_group`` runs one
+Ray task in the group's first bundle, on the group's one node (``strict_pack``), and that task
+starts the user's command, which starts its own ranks there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from autotune.core.config import MeasureSettings, TrialConfig
+from autotune.core.errors import ClusterLost, ConfigError, FailureReason, TrialFailed
+from autotune.core.rank_io import RankResult, RankSpec
+from autotune.core.stats import Interval
+from autotune.launch.failures import classify, gone_away
+from autotune.launch.hardware import describe
+from autotune.launch.pool import RankPool
+from autotune.launch.results import TrialResult
+
+__all__ = ["TrialRunner", "local_ranks"]
+
+T = TypeVar("T")
+
+#: How long a placement group may take to be placed before the run gives up.
+PLACEMENT_TIMEOUT_S = 60.0
+#: After a rank fails, how long to wait for the others to say whether their node died.
+ROOT_CAUSE_WAIT_S = 3.0
+#: How long the cluster may take to report a trial's node dead once its ranks say that a peer
+#: or a process went away (Ray's health checks take a few seconds to declare a node dead).
+NODE_DEATH_WAIT_S = 20.0
+#: How long a trial waits for the placement group to be placed again after a node was lost.
+REPLACEMENT_TIMEOUT_S = 30.0
+#: What a task in the group (``call_in_group``) may take beyond its own timeout: scheduling,
+#: and ending the command's processes.
+TASK_GRACE_S = 30.0
+
+
+def local_ranks(nodes: dict[int, str], world_size: int) -> list[tuple[int, int]]:
+    """(local rank, ranks on the node) of each rank, from ``nodes`` (rank -> node id); ranks
+    whose node is not known count as one node."""
+    on: dict[str, list[int]] = {}
+    for rank in range(world_size):
+        on.setdefault(nodes.get(rank, "?"), []).append(rank)
+    out = [(0, 1)] * world_size
+    for ranks in on.values():
+        for i, rank in enumerate(ranks):
+            out[rank] = (i, len(ranks))
+    return out
+
+
+class TrialRunner:
+    """Runs trials of ``world_size`` ranks, one at a time, in one placement group.
+
+    ``reuse=False`` starts fresh rank processes for every trial (the behaviour before the
+    pool; useful to compare overheads).
+    """
+
+    def __init__(
+        self,
+        *,
+        world_size: int,
+        backend: str,
+        cpus_per_rank: float = 1,
+        strategy: str = "PACK",
+        reuse: bool = True,
+        placement_timeout_s: float = PLACEMENT_TIMEOUT_S,
+    ) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+
+        self.reuse = reuse
+        self.world_size = world_size
+        self.backend = backend
+        self.gpus_per_rank = 1 if backend == "nccl" else 0
+        self.cpus_per_rank = cpus_per_rank
+        bundle = {"CPU": cpus_per_rank, **({"GPU": 1} if self.gpus_per_rank else {})}
+        self.strategy = strategy.upper()
+        self.pg = placement_group([dict(bundle) for _ in range(world_size)], strategy=self.strategy)
+        try:
+            ray.get(self.pg.ready(), timeout=placement_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            have = ray.available_resources()
+            ray.util.remove_placement_group(self.pg)
+            raise ConfigError(
+                f"--world-size {world_size}: the Ray cluster cannot place {world_size} ranks of "
+                f"{bundle} with --placement {self.strategy.lower()} (free: "
+                f"CPU={have.get('CPU', 0):g}, GPU={have.get('GPU', 0):g}); lower --world-size "
+                f"or --concurrent-trials, choose another --placement, or add nodes"
+            ) from None
+        self.pool = RankPool(
+            strategy=self._strategy,
+            world_size=world_size,
+            cpus_per_rank=cpus_per_rank,
+            gpus_per_rank=self.gpus_per_rank,
+        )
+        self._probe_fn = ray.remote(describe)
+        self._task: Any = None  # the running call_in_group's task
+
+    def _strategy(self, index: int) -> Any:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return PlacementGroupSchedulingStrategy(
+            placement_group=self.pg, placement_group_bundle_index=index
+        )
+
+    def abort(self) -> None:
+        """Kill the running trial's ranks (or task) now (Ctrl-C from another thread): the
+        trial then fails at once instead of running to its end."""
+        import ray
+
+        self.pool.drop()
+        if (task := self._task) is not None:
+            # a KeyboardInterrupt in the task: its ``finally`` ends the command's processes
+            # before ``call_in_group`` returns
+            ray.cancel(task)
+
+    def call_in_group(self, fn: Callable[..., T], *, wait_s: float, **kwargs: Any) -> T:
+        """``fn(**kwargs)`` as one Ray task in the group's first bundle, and its value. A
+        ``TrialFailed`` it raises is raised here; a task that is cancelled (``abort``), dies (a
+        lost node) or gives no answer ``TASK_GRACE_S`` after ``wait_s`` fails the trial. A
+        cancel raises KeyboardInterrupt in the task, whose ``finally`` blocks run before this
+        returns; a worker killed outright leaves the cleanup to whatever watches its parent
+        (``script.guard``)."""
+        import ray
+        import ray.exceptions as rex
+
+        self.ensure_placed()
+        self.pool.drop()  # pooled rank actors hold the bundles' CPUs
+        remote = ray.remote(fn).options(
+            num_cpus=self.cpus_per_rank, max_retries=0, scheduling_strategy=self._strategy(0)
+        )
+        self._task = task = remote.remote(**kwargs)
+        try:
+            return ray.get(task, timeout=wait_s + TASK_GRACE_S)
+        except rex.GetTimeoutError:
+            ray.cancel(task)
+            if not ray.wait([task], timeout=TASK_GRACE_S)[0]:
+                ray.cancel(task, force=True)  # its worker dies; script_guard ends the rest
+            raise TrialFailed(
+                FailureReason.TIMEOUT, f"no answer after {wait_s + TASK_GRACE_S:.0f}s"
+            ) from None
+        except rex.TaskCancelledError:
+            raise TrialFailed(FailureReason.INTERRUPTED, "stopped by the driver") from None
+        except rex.RayTaskError as e:
+            if isinstance(e.cause, TrialFailed):
+                raise e.cause from None
+            raise classify(0, e) from None
+        except rex.RayError as e:  # the task's worker or node died
+            raise classify(0, e) from None
+        finally:
+            self._task = None
+
+    def probe(self) -> dict[str, Any]:
+        """The hardware seen from rank 0's bundle, plus the number of nodes the ranks span."""
+        import ray
+
+        self.pool.drop()  # pooled actors hold the bundles' CPUs: the probe would never start
+        info = ray.get(
+            self._probe_fn.options(
+                num_cpus=self.cpus_per_rank,
+                num_gpus=self.gpus_per_rank,
+                scheduling_strategy=self._strategy(0),
+            ).remote(self.backend)
+        )
+        info["node_count"] = len(set(self._bundle_nodes().values())) or 1
+        return info
+
+    def run(
+        self,
+        *,
+        trial: int,
+        trainer: str,
+        trainer_options: dict[str, Any],
+        config: TrialConfig,
+        measure: MeasureSettings,
+        seed: int,
+        timeout_s: float,
+        max_memory_mb: float | None = None,
+        incumbent: Interval | None = None,
+        log_dir: str | None = None,
+        limit: dict[str, Any] | None = None,
+    ) -> TrialResult:
+        """Run one trial; raises TrialFailed with the reason when it produces no result. With
+        ``log_dir``, each rank's output goes to ``log_dir/rank-N.log`` for the trial; with
+        ``limit``, the ranks run the limit probe (``RankSpec.limit``) instead of windows."""
+        import ray
+        import ray.exceptions as rex
+
+        self.ensure_placed()
+        started = time.monotonic()
+        deadline = started + timeout_s
+        keep = False
+        try:
+            addr, port = self.pool.ready(config.env, deadline)
+            nodes = self._bundle_nodes()
+            local = local_ranks(nodes, self.world_size)
+            actors = self.pool.actors
+            refs = {
+                actors[i].run.remote(
+                    RankSpec(
+                        trial=trial,
+                        rank=i,
+                        world_size=self.world_size,
+                        backend=self.backend,
+                        master_addr=addr,
+                        master_port=port,
+                        trainer=trainer,
+                        trainer_options=trainer_options,
+                        config=config,
+                        measure=measure,
+                        seed=seed,
+                        timeout_s=timeout_s,
+                        max_memory_mb=max_memory_mb,
+                        incumbent=None if incumbent is None else incumbent.to_dict(),
+                        local_rank=local[i][0],
+                        local_world_size=local[i][1],
+                        log_dir=log_dir,
+                        limit=limit,
+                    )
+                ): i
+                for i in range(self.world_size)
+            }
+            results: list[RankResult] = []
+            pending = list(refs)
+            while pending:
+                left = deadline - time.monotonic()
+                done, pending = ray.wait(pending, num_returns=1, timeout=max(left, 0))
+                if not done:
+                    stuck = sorted(refs[r] for r in pending)
+                    raise TrialFailed(
+                        FailureReason.TIMEOUT,
+                        f"no result after {timeout_s:.0f}s from rank(s) {stuck}",
+                    )
+                try:
+                    results.append(ray.get(done[0]))
+                except rex.RayError as e:
+                    first = classify(refs[done[0]], e)
+                    raise self._root_cause(first, pending, refs, nodes) from None
+            keep = self.reuse
+        finally:
+            # Any failure (crash, timeout, nan, oom, node lost, Ctrl-C) kills every rank, and
+            # with them their DataLoader workers: a failed trial's processes are never reused.
+            if not keep:
+                self.pool.drop()
+        results.sort(key=lambda r: r.rank)
+        return TrialResult(ranks=results, wall_s=time.monotonic() - started)
+
+    def _root_cause(
+        self,
+        first: TrialFailed,
+        pending: list[Any],
+        refs: dict[Any, int],
+        nodes: dict[int, str],
+    ) -> TrialFailed:
+        """When a node dies, the rank on the surviving node often fails first (its peer's
+        connection closed), and the rank on the dead node is at first reported as a process
+        that died. Wait for the other ranks' errors; when they only say that a peer or a
+        process went away, ask the cluster whether a node of the trial (``nodes``: rank ->
+        node id, taken when the trial started) is gone, and prefer ``node_lost``."""
+        import ray
+        import ray.exceptions as rex
+
+        if first.reason == FailureReason.NODE_LOST:
+            return first
+        symptoms = [first]
+        if pending:
+            done, _ = ray.wait(pending, num_returns=len(pending), timeout=ROOT_CAUSE_WAIT_S)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except rex.RayError as e:
+                    other = classify(refs[ref], e)
+                    if other.reason == FailureReason.NODE_LOST:
+                        return other
+                    symptoms.append(other)
+        if not all(gone_away(f) for f in symptoms):
+            return first  # a rank's own error: the configuration's failure, not the cluster's
+        until = time.monotonic() + NODE_DEATH_WAIT_S
+        while True:
+            alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+            lost = sorted(rank for rank, node in nodes.items() if node not in alive)
+            if lost:
+                return TrialFailed(
+                    FailureReason.NODE_LOST,
+                    f"rank {lost[0]}: its node was lost (the cluster reports node "
+                    f"{nodes[lost[0]][:12]} dead; first error: {first.detail})",
+                )
+            if time.monotonic() >= until:
+                return first
+            time.sleep(0.5)
+
+    def _bundle_nodes(self) -> dict[int, str]:
+        """Rank -> the id of the node its bundle is placed on."""
+        from ray.util import placement_group_table
+
+        placed = placement_group_table(self.pg).get("bundles_to_node_id", {})
+        return {i: placed[i] for i in range(self.world_size) if i in placed}
+
+    def ensure_placed(self) -> None:
+        """After a node loss Ray re-places the group's bundles; wait for that, or stop."""
+        import ray
+        from ray.util import placement_group_table
+
+        if placement_group_table(self.pg).get("state") == "CREATED":
+            return
+        try:
+            ray.get(self.pg.ready(), timeout=REPLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            have = ray.available_resources()
+            raise ClusterLost(
+                f"the Ray cluster lost capacity and cannot place {self.world_size} ranks again "
+                f"(free now: CPU={have.get('CPU', 0):g}, GPU={have.get('GPU', 0):g}); add nodes "
+                f"or lower --world-size, then run the same command to resume"
+            ) from None
+
+    def close(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            self.pool.drop()
+            ray.util.remove_placement_group(self.pg)

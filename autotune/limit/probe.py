@@ -1,0 +1,297 @@
+"""How far from the limit: where a configuration's step time goes, the compute ceiling, the
+ideal-overlap bound, and the bus bandwidth the all-reduce reached.
+
+After re-validation and ablation, ``measure_limit`` runs the limit probe
+(``autotune.rank.limit_probe``) once for the defaults (the baseline trial's configuration) and once
+for the configuration the profile exports, in the trials' own placement group and processes.
+Each probe gives, per optimizer step and for the slowest rank: the DDP step's phases (data,
+forward, backward with the communication it did not hide, optimizer), the same step on the
+bare model (no all-reduce: the compute ceiling), and the gradients' all-reduce alone at the
+configuration's bucket sizes and hook dtype. ``bounds`` turns that into:
+
+* **compute ceiling**: samples/s of the bare model's step; every rank computing alone on its
+  share of the machine, so the sum over the ranks.
+* **ideal-overlap bound**: DDP overlaps the all-reduce with the backward of the last
+  micro-step only, and the last bucket (the first layers' gradients) cannot overlap at all.
+  The ideal step is the bare step plus whatever of the all-reduce sticks out:
+  ``compute_step + max(last_bucket, comm - backward_of_the_last_micro_step)`` (at least
+  max(compute, communication)).
+* **shares**: the DDP step's samples/s over each bound, all three from the same processes in
+  the same minute.
+* **communication**: the part of the backward phase DDP spent waiting on the all-reduce (its
+  backward returns once its buckets are reduced): ``exposed = ddp.backward -
+  compute.backward``. The step's communication is the larger of that and the all-reduce
+  alone (in training it competes with the backward for the same cores, and can take longer
+  than alone); hidden is the part of it that is not exposed.
+* **bus bandwidth**: the ring all-reduce moves 2(n-1)/n of the bytes per rank
+  (nccl-tests' ``busbw``): ``wire_bytes * 2(n-1)/n / comm_s``. With one rank there is none.
+
+The record is the study's ``limit`` user attribute and the profile's ``measured.limit``;
+``summary_line`` says it in one line and names the knob family most likely to help next, from
+the same model the screening is ordered by (``autotune.limit.evidence``), never a family the run's
+screening measured as no gain. The defaults are probed once, right after the baseline trial
+(``probe_one``, the study's ``first_measurement``); the probe at the end reuses that record.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune.core.config import TrialConfig
+from autotune.core.errors import TrialFailed
+from autotune.limit.evidence import COMM_BOUND_SHARE, DATA_BOUND_SHARE, FIRST_ATTR, Evidence
+from autotune.report.events import Emit, Note
+
+__all__ = [
+    "LIMIT_ATTR",
+    "bounds",
+    "breakdown",
+    "measure_limit",
+    "next_step",
+    "probe_one",
+    "summary_line",
+]
+
+#: The study's user attribute holding the last limit measurement.
+LIMIT_ATTR = "limit"
+#: All-reduce rounds of the communication-only measurement (after one unmeasured round).
+COMM_REPEATS = 3
+#: The least optimistic gain (``autotune.limit.evidence``) worth naming as the next step.
+WORTH = 1.03
+#: A share of the ideal-overlap bound from which the step is at it, within the probe's noise.
+AT_BOUND = 0.97
+
+
+def breakdown(record: dict[str, Any]) -> dict[str, float]:
+    """Seconds per optimizer step of the DDP step, by what they were spent on: data, forward,
+    backward (the bare model's), communication not hidden behind backward, optimizer."""
+    ddp, compute = record["ddp"], record["compute"]
+    backward = min(compute["backward"], ddp["backward"])
+    return {
+        "data": ddp["data"],
+        "forward": ddp["forward"],
+        "backward": backward,
+        "exposed_comm": ddp["backward"] - backward,
+        "optimizer": ddp["optimizer"],
+    }
+
+
+def bounds(record: dict[str, Any]) -> dict[str, Any]:
+    """The figures derived from one probe record (module doc)."""
+    n, per_step = record["world_size"], record["samples_per_step"]
+    ddp, compute, comm = record["ddp"], record["compute"], record["comm"]
+    step, bare = ddp["step"], compute["step"]
+    overlappable = compute["backward"] / record["accumulation_steps"]
+    ideal = bare + max(comm["last_bucket_s"], comm["comm_s"] - overlappable)
+    exposed = breakdown(record)["exposed_comm"]
+    comm_s = comm["comm_s"]
+    in_step = max(comm_s, exposed)  # the step's communication, hidden or not
+    bus = None
+    if n > 1 and comm_s > 0:
+        bus = comm["wire_bytes"] * 2 * (n - 1) / n / comm_s
+    return {
+        "samples_per_s": round(per_step / step, 2),
+        "compute_ceiling": round(per_step / bare, 2),
+        "ideal_bound": round(per_step / ideal, 2),
+        "share_of_ceiling": round(bare / step, 4),
+        "share_of_ideal": round(ideal / step, 4),
+        "comm_share": round(min(in_step / step, 1.0), 4),
+        "hidden_share": None if in_step <= 0 else round(1 - exposed / in_step, 4),
+        "exposed_comm_share": round(exposed / step, 4),
+        "busbw_gbit_s": None if bus is None else round(bus * 8 / 1e9, 4),
+    }
+
+
+def next_step(
+    record: dict[str, Any],
+    config: TrialConfig,
+    *,
+    free_batch: bool = False,
+    device: str = "cpu",
+    ruled_out: frozenset[str] = frozenset(),
+) -> str:
+    """The knob family most likely to help next: the one whose optimistic gain on this step
+    (``autotune.limit.evidence``) is largest, among the families ``config`` has not moved yet and
+    the run did not measure as no gain (``ruled_out``: knob names, e.g. ``comm_hook``)."""
+    ev = Evidence.from_probe(record, device=device, noise=0.0)
+    step = ev.step_s
+    options: list[tuple[float, str, str]] = []
+    if config.comm_hook.get("name", "none") == "none":
+        options.append(
+            (ev.compressed(), "comm_hook", "compression (a comm hook: fp16 or PowerSGD)")
+        )
+    if config.ddp.get("bucket_cap_mb", 25.0) == 25.0:
+        options.append(
+            (
+                ev.fewer_messages(100.0),
+                "bucket_cap_mb",
+                "larger buckets (fewer all-reduces: the link's latency dominates)",
+            )
+        )
+        options.append(
+            (
+                ev.more_overlap(),
+                "bucket_cap_mb",
+                "smaller buckets (the all-reduce starts earlier in backward)",
+            )
+        )
+    if config.data.get("num_workers", 0) == 0:
+        options.append(
+            (
+                ev.off_the_loop(),
+                "num_workers",
+                "the data pipeline (DataLoader workers, pinned memory)",
+            )
+        )
+    if config.precision == "fp32":
+        options.append((ev.faster_compute(), "precision", "lower precision (bf16, TF32)"))
+    comm_bound = ev.world_size > 1 and ev.exposed_s >= COMM_BOUND_SHARE * step
+    if free_batch and config.accumulation_steps == 1 and comm_bound:
+        options.append(
+            (
+                ev._speedup(ev.exposed_s / 2),
+                "micro_batch",
+                "accumulation (more samples per all-reduce)",
+            )
+        )
+    options = [o for o in options if o[1] not in ruled_out]
+    best = max(options, default=None, key=lambda o: o[0])
+    if best is not None and best[0] >= WORTH:
+        return f"{best[2]}, up to {best[0]:.2f}x"
+    if comm_bound:
+        return "a faster link: the all-reduce is the bottleneck and no DDP setting left shortens it"
+    if ev.data_s >= DATA_BOUND_SHARE * step:
+        return "a faster data pipeline than DataLoader settings give"
+    return "compute-bound: little left for DDP settings to win; a faster device"
+
+
+def summary_line(limit: dict[str, Any]) -> str | None:
+    """One line for the run's summary: where the exported configuration's step goes and how
+    far it is from the ideal-overlap bound and the compute ceiling."""
+    tuned, which = limit.get("tuned"), "tuned"
+    if tuned is None:  # the profile keeps the defaults: they were probed alone
+        tuned, which = limit.get("baseline"), "default"
+    if not tuned or "bounds" not in tuned:
+        return None
+    b = tuned["bounds"]
+    if tuned["world_size"] == 1:
+        comm = (
+            f"one rank, no link to cross: DDP's own bucketing costs {b['exposed_comm_share']:.0%}"
+        )
+    elif b["hidden_share"] is None:
+        comm = "no communication measured"
+    else:
+        comm = f"{b['comm_share']:.0%} communication, {b['hidden_share']:.0%} of it hidden"
+    if b["share_of_ideal"] >= AT_BOUND:
+        ideal = "at the ideal-overlap bound"
+    else:
+        more = 1 / b["share_of_ideal"]
+        ideal = f"{b['share_of_ideal']:.0%} of the ideal-overlap bound ({more:.2f}x more possible)"
+    return (
+        f"Limit: the {which} step is {comm}; {_rate(b['samples_per_s'])} samples/s is {ideal} "
+        f"and {b['share_of_ceiling']:.0%} of the compute ceiling ({_rate(b['compute_ceiling'])}); "
+        f"next: {tuned['next']}"
+    )
+
+
+def _rate(x: float) -> str:
+    """A throughput for people: 54,350 rather than 5.435e+04."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def probe_one(
+    measure: Any,
+    trial: int,
+    config: TrialConfig,
+    *,
+    trace: Path | None = None,
+    free_batch: bool = False,
+    device: str = "cpu",
+    ruled_out: frozenset[str] = frozenset(),
+    steps: int | None = None,
+) -> dict[str, Any]:
+    """One limit probe of ``config`` (trial ``trial``) with ``measure`` (a ``Measurer``): its
+    record, with its bounds, breakdown and next step. ``steps``: DDP steps to time (None: the
+    probe's own choice, two windows' worth). Raises ``TrialFailed``."""
+    t0 = time.monotonic()
+    settings: dict[str, Any] = {
+        "repeats": COMM_REPEATS,
+        "trace": None if trace is None else str(trace),
+    }
+    if steps is not None:
+        settings["steps"] = steps
+    result = measure(trial, config, limit=settings)
+    record = dict(result.ranks[0].limit or {})
+    record.update(
+        trial=trial,
+        config=config.to_dict(),
+        bounds=bounds(record),
+        breakdown={k: round(v, 6) for k, v in breakdown(record).items()},
+        next=next_step(
+            record, config, free_batch=free_batch, device=device, ruled_out=ruled_out
+        ),  # fmt: skip
+        wall_s=round(time.monotonic() - t0, 2),
+        trace=None if trace is None or not trace.exists() else str(trace),
+    )
+    return record
+
+
+def measure_limit(
+    study: optuna.Study,
+    measure: Any,
+    *,
+    configs: dict[str, TrialConfig],
+    trials: dict[str, int],
+    trace_dir: Path | None,
+    free_batch: bool = False,
+    emit: Emit,
+    device: str = "cpu",
+    ruled_out: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
+    """Probe each of ``configs`` (``baseline``, ``tuned``; trial numbers in ``trials``) with
+    ``measure`` (a ``Measurer``), record the result on ``study`` and return it. The defaults'
+    probe of the first measurement (``limit.evidence.FIRST_ATTR``), when the study holds one, is
+    not taken again. A probe that fails is recorded with its reason and said; the others
+    still run."""
+    first = study.user_attrs.get(FIRST_ATTR)
+    known = {}
+    if isinstance(first, dict) and isinstance(first.get("probe"), dict):
+        known["baseline"] = first["probe"]
+    started = time.monotonic()
+    if trace_dir is not None:
+        trace_dir.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {}
+    for label, config in configs.items():
+        if label in known:  # the defaults, probed right after the baseline trial
+            try:  # a stored record may be someone else's: read it as the probe's, or probe
+                advice = next_step(known[label], config, free_batch=free_batch, device=device,
+                                   ruled_out=ruled_out)  # fmt: skip
+                out[label] = dict(known[label], bounds=bounds(known[label]), next=advice)
+                continue
+            except (KeyError, TypeError, ValueError, ZeroDivisionError):
+                pass
+        trace = None if trace_dir is None else trace_dir / f"{label}.trace.json"
+        try:
+            out[label] = probe_one(
+                measure,
+                trials[label],
+                config,
+                trace=trace,
+                free_batch=free_batch,
+                device=device,
+                ruled_out=ruled_out,
+            )
+        except TrialFailed as e:
+            out[label] = {"trial": trials[label], "failed": f"{e.reason.value}: {e.detail}"}
+    out["cost_s"] = round(time.monotonic() - started, 2)
+    study.set_user_attr(LIMIT_ATTR, out)
+    failed = [
+        f"{k}: {v['failed']}" for k, v in out.items() if isinstance(v, dict) and "failed" in v
+    ]
+    if failed:
+        emit(Note(f"The limit probe failed ({'; '.join(failed)})"))
+    return out

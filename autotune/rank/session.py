@@ -1,0 +1,274 @@
+"""What one rank trains with in one trial: the process group, the workload wrapped in DDP with the
+trial's settings, its DataLoader, optimizer and scaler, and one training step.
+
+``open_session(spec, store)`` builds them in the order a torchrun script does (torchrun's
+variables, threads and precision flags, process group, model, DDP with the trial's kwargs and
+comm hook, DataLoader with the trial's kwargs) and destroys the process group on every path
+out. ``Session.step`` is one optimizer step: ``accumulation_steps`` micro-steps, all-reduce on
+the last only. The measurement (``autotune.rank.run``) and the limit probe
+(``autotune.rank.limit_probe``) both train through it, so what they time is the same step.
+
+``Session.step(phases)`` also times its phases (data, forward, backward, optimizer): on the host
+clock on a CPU, with CUDA events at each edge on a GPU (read once the step is done, so the host
+still runs ahead of the device within the step); without ``phases`` it times nothing, so a timed
+window is not slowed by it. ``communicate=False`` runs the same step on the bare model
+(``ddp.module``): DDP's hooks see no forward of DDP and reduce nothing, so the step is the
+rank's compute alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from autotune.core import apply
+from autotune.core.numerics import CURVE_STEPS
+from autotune.core.rank_io import MemoryLimitExceeded, RankSpec
+from autotune.rank.env import torchrun_env
+
+__all__ = [
+    "PHASES",
+    "Session",
+    "listening_store",
+    "open_session",
+    "rss_mb",
+]
+
+#: The phases ``Session.step`` times, in the order they happen.
+PHASES = ("data", "forward", "backward", "optimizer")
+
+#: The last trial's process group, kept alive until the next trial starts. Gloo's worker
+#: threads may still be freeing the last collective's tensors (which takes the GIL) when a
+#: trial returns; a ProcessGroupGloo freed at that moment from Python, GIL held, joins those
+#: threads and deadlocks (seen on this machine under load). Between trials the process idles
+#: with the GIL free, so the threads are done by the time the next trial lets the group go.
+LAST_GROUP: list[Any] = []
+
+
+def rss_mb() -> float:
+    """Resident memory of this process now, in MiB (``/proc/self/statm``). Where there is no
+    ``/proc``, the lifetime peak instead (Linux reports KiB): never lower than the truth."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def listening_store(host: str, port: int = 0, timeout: timedelta | None = None) -> Any:
+    """Rank 0's ``TCPStore``, listening on ``host`` only (``port`` 0: a free one, its
+    ``.port``). Given a host, torch's store still listens on every interface ("::"); handed a
+    socket already bound to ``host`` (``master_listen_fd``), it listens there alone."""
+    import socket
+
+    import torch.distributed as dist
+
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.bind(addr)
+        sock.listen(socket.SOMAXCONN)
+        store = dist.TCPStore(
+            host, sock.getsockname()[1], is_master=True, wait_for_workers=False,
+            timeout=timeout or timedelta(seconds=300), master_listen_fd=sock.fileno(),
+        )  # fmt: skip
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store owns the descriptor now, and closes it when it goes
+    return store
+
+
+def _batches(loader: Any, sampler: Any) -> Iterator[Any]:
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+@dataclass(eq=False, kw_only=True)
+class Session:
+    """One rank's training objects for one trial (built by ``open_session``)."""
+
+    spec: RankSpec
+    device: Any
+    workload: Any
+    ddp: Any
+    optimizer: Any
+    loader: Any
+    batches: Iterator[Any]
+    scaler: Any
+    peak_rss: float = 0.0
+    """This trial's peak RSS (MiB), sampled where memory use peaks."""
+    curve: list[Any] = field(default_factory=list)
+    """The first steps' losses (tensors), for the numerics guard."""
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def samples_per_step(self) -> int:
+        """Samples of one optimizer step over all ranks."""
+        cfg = self.spec.config
+        return cfg.micro_batch * cfg.accumulation_steps * self.spec.world_size
+
+    def sync(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize(self.device)
+
+    def slowest(self, values: list[float]) -> list[float]:
+        """Each value's maximum over the ranks: every rank gets the same list, so every rank
+        takes the same decision from it (settled, stop, prune) without another message."""
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return [float(v) for v in t.tolist()]
+
+    def step(self, phases: dict[str, float] | None = None, *, communicate: bool = True) -> Any:
+        """One optimizer step; its loss (a tensor). With ``phases``, each phase's seconds are
+        added to it (module doc)."""
+        import torch
+
+        cfg, spec, wl = self.spec.config, self.spec, self.workload
+        accum = cfg.accumulation_steps
+        model = self.ddp if communicate else self.ddp.module
+        last = time.perf_counter() if phases is not None else 0.0
+        # On a GPU each phase edge is an event on the stream, read after the step: a host
+        # synchronisation at every edge would stop the host from running ahead of the device
+        # (it cost a third of an H100 transformer's throughput).
+        events: list[tuple[str, Any]] = []
+        if phases is not None and self.cuda:
+            events.append(("", torch.cuda.Event(enable_timing=True)))
+            events[-1][1].record()
+
+        def mark(phase: str) -> None:
+            nonlocal last
+            if phases is None:
+                return
+            if self.cuda:
+                events.append((phase, torch.cuda.Event(enable_timing=True)))
+                events[-1][1].record()
+                return
+            now = time.perf_counter()
+            phases[phase] = phases.get(phase, 0.0) + now - last
+            last = now
+
+        total = torch.zeros((), device=self.device)
+        for micro in range(accum):
+            x, y = next(self.batches)
+            x = x.to(self.device, non_blocking=True)
+            y = y.to(self.device, non_blocking=True)
+            mark("data")
+            # All-reduce only on the last micro-step.
+            reduce = (
+                apply.micro_step(self.ddp, micro, accum)
+                if communicate
+                else contextlib.nullcontext()
+            )
+            with reduce:
+                with apply.autocast(cfg.precision, self.device.type):
+                    loss = wl.loss(model(x), y) / accum
+                self.peak_rss = max(self.peak_rss, rss_mb())  # activations held for backward
+                mark("forward")
+                self.scaler.scale(loss).backward()
+                mark("backward")
+            total += loss.detach().float()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.peak_rss = max(self.peak_rss, rss_mb())  # params, grads, optimizer state, all alive
+        self.optimizer.zero_grad(set_to_none=True)
+        mark("optimizer")
+        if events:  # recorded only when timing phases on a GPU
+            events[-1][1].synchronize()
+            for (_, start), (phase, end) in zip(events, events[1:], strict=False):
+                phases[phase] = phases.get(phase, 0.0) + start.elapsed_time(end) / 1e3
+        if len(self.curve) < CURVE_STEPS:
+            self.curve.append(total)
+        if spec.max_memory_mb is not None and self.peak_rss > spec.max_memory_mb:
+            raise MemoryLimitExceeded(
+                f"peak host memory {self.peak_rss:.0f} MiB is over --max-memory "
+                f"{spec.max_memory_mb:.0f} MiB"
+            )
+        return total
+
+
+@contextlib.contextmanager
+def open_session(spec: RankSpec, store: Any) -> Iterator[Session]:
+    """The rank's process group and training objects for ``spec``; the process group is
+    destroyed on the way out, whatever happened. ``store``: rank 0's ``TCPStore``, already
+    listening at ``master_port`` (others connect to it; without one, rank 0 starts it here)."""
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from autotune.rank.workload import load_workload
+
+    cfg = spec.config
+    # torchrun's variables, before any of the trainer's code runs
+    os.environ.update(torchrun_env(spec.rank, spec.world_size, spec.local_rank,
+                                   spec.local_world_size, spec.backend, spec.master_addr,
+                                   spec.master_port))  # fmt: skip
+    apply.set_threads(cfg.threads)
+    cuda = spec.backend == "nccl"
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    apply.set_tf32(cfg.precision == "tf32")
+
+    timeout = timedelta(seconds=spec.timeout_s)
+    if store is None and spec.rank == 0:  # RankActor.address starts it ahead, else here
+        store = listening_store(spec.master_addr, spec.master_port, timeout)
+    elif store is None:  # ranks > 0 connect to rank 0's store
+        store = dist.TCPStore(
+            spec.master_addr, spec.master_port, spec.world_size, is_master=False,
+            timeout=timeout, wait_for_workers=False,
+        )  # fmt: skip
+    store.set_timeout(timeout)
+    dist.init_process_group(
+        spec.backend, store=store, rank=spec.rank, world_size=spec.world_size, timeout=timeout
+    )
+    LAST_GROUP.append(dist.group.WORLD)
+    try:
+        wl = load_workload(spec.trainer, spec.trainer_options)
+        torch.manual_seed(spec.seed)
+        model = wl.model().to(device)
+        ddp = apply.wrap(model, cfg.ddp, cfg.comm_hook, device_ids=[0] if cuda else None)
+        optimizer = wl.optimizer(ddp.parameters())
+        sampler = DistributedSampler(
+            wl.dataset,
+            num_replicas=spec.world_size,
+            rank=spec.rank,
+            seed=spec.seed,
+            drop_last=True,
+        )
+        loader = DataLoader(
+            wl.dataset,
+            sampler=sampler,
+            drop_last=True,
+            **apply.dataloader_kwargs(cfg.micro_batch, cfg.data),
+        )
+        yield Session(
+            spec=spec,
+            device=device,
+            workload=wl,
+            ddp=ddp,
+            optimizer=optimizer,
+            loader=loader,
+            batches=_batches(loader, sampler),
+            scaler=apply.grad_scaler(cfg.precision, device.type),
+        )
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,386 @@
+"""Replay the tuner's whole loop against a recorded landscape, in simulated seconds.
+
+A landscape (``bench/record_landscape.py``) holds, for every point of a grid over the knobs
+that act on one workload, several real runs of it, window by window, with each run's seconds
+outside and inside its windows. ``replay`` runs what ``autotune run`` runs - the study
+record, the sampler, the designed start, the objective, the stop and prune rules, the budget,
+re-validation, ablation and the export's choice - with ``ReplayMeasurer`` in place of the Ray
+runner: a trial of a point draws one of that point's recorded runs and applies the measurement
+rules (``autotune.core.stats``) to its windows one by one, and the clock advances by the seconds the
+run took. Nothing is started; a replay of 15 trials takes well under a second.
+
+The landscape's ``first_measurement`` (the defaults' probe) answers the search's first probe;
+without one (or ``evidence=False``) the screening goes in the priors' listed order.
+
+What it does not model: drift of the machine over time (a run is drawn at random, not in
+order), runs longer than the recorded windows (they stop at the ``cap``), trial failures, and
+the cold first baseline unless ``cold_first`` (the first run of the study is then scaled by the
+recorded cold/warm ratio).
+
+``bench/replay.py`` is the benchmark over many seeds (its table: ``autotune.replay.table``);
+``tests/unit/test_replay.py`` holds its result.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune.core.config import MeasureSettings, TrialConfig
+from autotune.core.knobs import Target
+from autotune.core.rank_io import RankResult
+from autotune.core.stats import Interval
+from autotune.definition.space import ResolvedSpace, SearchSpace
+from autotune.definition.studydef import StudyDefinition
+from autotune.launch.results import TrialResult
+from autotune.profile.export import study_profile
+from autotune.record.study import open_study
+from autotune.report.events import Emit, ignore
+from autotune.search.budget import Budget
+from autotune.search.loop import Search
+from autotune.search.objective import Objective
+from autotune.tuner import conclude
+
+__all__ = ["Landscape", "ReplayMeasurer", "ReplayResult", "replay"]
+
+#: A point is found when its true throughput is this share of the oracle's or more.
+FOUND = 0.98
+
+
+def point_key(point: dict[str, Any]) -> str:
+    """A grid point's key: ``name=value`` pairs, sorted by name, joined by commas."""
+    return ",".join(f"{k}={point[k]}" for k in sorted(point))
+
+
+@dataclass(frozen=True)
+class Run:
+    """One recorded run of a point."""
+
+    windows: list[float]
+    overhead_s: float
+    window_s: float
+
+
+@dataclass
+class Landscape:
+    """Recorded runs of every point of ``grid`` (a search space of categorical dimensions)."""
+
+    grid: dict[str, list[Any]]
+    runs: dict[str, list[Run]]
+    baseline_key: str
+    cold_ratio: float = 1.0
+    """The first baseline in fresh processes over the same defaults measured warm."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    first: dict[str, Any] | None = None
+    """The defaults' limit probe (``record_landscape``'s ``first_measurement``), if recorded."""
+
+    @classmethod
+    def load(cls, path: Path | str) -> Landscape:
+        raw = json.loads(Path(path).read_text())
+        runs = {
+            k: [
+                Run(r["windows"], r["overhead_s"], r["window_s"])
+                for r in rs
+                if r.get("windows")  # a failed run of a point is not a measurement
+            ]
+            for k, rs in raw["points"].items()
+        }
+        runs = {k: rs for k, rs in runs.items() if rs}  # illegal points: the tuner never runs them
+        cold = raw.get("cold_baseline") or {}
+        ratio = 1.0
+        if cold.get("fresh_after_ray_start") and cold.get("warm_pool"):
+            first = statistics.median(cold["fresh_after_ray_start"][0]["windows"])
+            warm = statistics.median(w for r in cold["warm_pool"] for w in r["windows"])
+            ratio = first / warm
+        meta = {k: v for k, v in raw.items() if k not in ("points", "grid", "first_measurement")}
+        first = raw.get("first_measurement")
+        return cls(raw["grid"], runs, raw["baseline_key"], ratio, meta,
+                   first if isinstance(first, dict) else None)  # fmt: skip
+
+    def value(self, key: str) -> float:
+        """A point's true throughput: the median of every window of every run of it."""
+        return statistics.median(w for r in self.runs[key] for w in r.windows)
+
+    def oracle(self) -> tuple[str, float]:
+        best = max(self.runs, key=self.value)
+        return best, self.value(best)
+
+    def space(self) -> SearchSpace:
+        """The search space of the grid (categorical dimensions, each with its choices)."""
+        from autotune.core.knobs import KNOBS
+
+        sections: dict[str, dict[str, Any]] = {}
+        for name, choices in self.grid.items():
+            sections.setdefault(KNOBS[name].section, {})[name] = {
+                "type": "categorical",
+                "choices": list(choices),
+            }
+        return SearchSpace.from_mapping(
+            {"description": "replayed landscape", **sections}, where="landscape", name="replay"
+        )
+
+
+class _Runner:
+    """What the search asks of a placement group, where there is none."""
+
+    def ensure_placed(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class ReplayMeasurer:
+    """``measure.Measurer``'s interface over a ``Landscape``, on a simulated clock."""
+
+    def __init__(
+        self,
+        landscape: Landscape,
+        study: optuna.Study,
+        space: ResolvedSpace,
+        definition: StudyDefinition,
+        rng: random.Random,
+        *,
+        cold_first: bool = False,
+        evidence: bool = True,
+    ) -> None:
+        self.landscape, self.study, self.space, self.d = landscape, study, space, definition
+        self.rng = rng
+        self.clock = 0.0
+        self.timed_s = 0.0  # simulated seconds inside timed windows
+        self.runner = _Runner()
+        self.runners = [self.runner]
+        self._cold = cold_first
+        self.can_probe = evidence and landscape.first is not None  # a first measurement
+        #: (simulated seconds at its end, grid point) of every measurement, in order.
+        self.log: list[tuple[float, str]] = []
+
+    def now(self) -> float:
+        return self.clock
+
+    def use(self, runner: Any) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+    def trial_timeout(self) -> float:
+        return 300.0
+
+    def config_key(self, config: TrialConfig) -> str:
+        """The grid point a configuration is (every grid knob read back from it)."""
+        values = {
+            "bucket_cap_mb": config.ddp["bucket_cap_mb"],
+            "gradient_as_bucket_view": config.ddp["gradient_as_bucket_view"],
+            "static_graph": config.ddp["static_graph"],
+            "comm_hook": config.comm_hook["name"],
+            "micro_batch": config.micro_batch,
+            "num_workers": config.data["num_workers"],
+            "precision": config.precision,
+            "threads": config.threads,
+        }
+        return point_key({k: values[k] for k in self.landscape.grid})
+
+    def __call__(
+        self,
+        number: int,
+        config: TrialConfig,
+        incumbent: Interval | None = None,
+        measure: MeasureSettings | None = None,
+        log_dir: Any = None,
+        limit: dict[str, Any] | None = None,
+    ) -> TrialResult:
+        if limit is not None:
+            return self._probe()
+        m = measure or self.d.measure
+        run = self.rng.choice(self.landscape.runs[self.config_key(config)])
+        scale = self.landscape.cold_ratio if self._cold else 1.0
+        self._cold = False
+        stop_rule, prune_rule = m.stop_rule(), m.prune_rule()
+        windows: list[float] = []
+        stop = "cap"
+        for w in run.windows[: m.max_windows]:
+            windows.append(w * scale)
+            if prune_rule.should_prune(windows, incumbent):
+                stop = "pruned"
+                break
+            done, why = stop_rule.decide(windows)
+            if done:
+                stop = why
+                break
+        per_window = run.window_s / len(run.windows)
+        window_s = per_window * len(windows)
+        # a re-measurement run settles over fewer steps than the recorded trial did, each as
+        # long as a step at this point's throughput
+        fewer = m.warmup_steps_fewer(self.d.measure)
+        step_s = config.global_batch / statistics.median(run.windows)
+        wall = max(run.overhead_s - fewer * step_s, 0.0) + window_s
+        self.clock += wall
+        self.timed_s += window_s
+        steps = max(1, round(window_s * statistics.median(windows) / config.global_batch))
+        rank = replace(
+            _EMPTY,
+            steps=steps,
+            samples=steps * config.global_batch,
+            window_s=window_s,
+            windows=windows,
+            steps_per_window=max(1, steps // len(windows)),
+            stop=stop,
+            setup_s=run.overhead_s,
+            measure_s=window_s,
+        )
+        self.log.append((self.clock, self.config_key(config)))
+        return TrialResult(ranks=[rank], wall_s=wall)
+
+    def _probe(self) -> TrialResult:
+        """The recorded first measurement, on the clock for the seconds it took."""
+        first = self.landscape.first or {}
+        wall = float(first.get("wall_s") or 0.0)
+        self.clock += wall
+        rank = replace(_EMPTY, limit={k: v for k, v in first.items() if k in _PROBED})
+        return TrialResult(ranks=[rank], wall_s=wall)
+
+
+#: What a probe's record holds (the landscape's first measurement adds its own figures).
+_PROBED = {"world_size", "samples_per_step", "accumulation_steps", "steps", "ddp", "compute",
+           "comm"}  # fmt: skip
+_EMPTY = RankResult(
+    rank=0, applied={}, pid=0, steps=0, samples=0, window_s=0.0, windows=[],
+    steps_per_window=0, warmup_steps=0, stop="cap", setup_s=0.0, warmup_s=0.0, measure_s=0.0,
+    loss=0.0, loss_curve=[], peak_memory_mb=0.0,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """What one replayed run exported, and what it cost."""
+
+    exported: str
+    """The exported configuration's grid point."""
+    value: float
+    """Its true throughput in the landscape."""
+    share: float
+    """``value`` over the oracle's."""
+    trials: int
+    seconds: float
+    """Simulated seconds from the first trial to the exported profile."""
+    timed_s: float = 0.0
+    """Of them, the seconds inside timed windows (trials, re-validation, ablation)."""
+    study: optuna.Study | None = field(default=None, repr=False, compare=False)
+    """The replayed study (its trials, the screening summary, the re-validation)."""
+    #: Simulated seconds, and search trials (the baseline included), until the search first
+    #: measured a point at ``FOUND`` of the oracle or better; None when it never did.
+    found_s: float | None = None
+    found_trials: int | None = None
+    search_s: float = 0.0  #: simulated seconds the search ran, to its stop
+    stop: str | None = None  #: why it stopped (``autotune.search.stop``'s kinds)
+
+
+def replay(
+    landscape: Landscape,
+    *,
+    seed: int,
+    sampler: str = "tpe",
+    screening: bool = True,
+    n_trials: int = 15,
+    budget_s: float = 600.0,
+    cold_first: bool = False,
+    validate_top: int = 3,
+    patience: int | None = None,
+    ablation: bool = True,
+    storage: optuna.storages.BaseStorage | None = None,
+    emit: Emit = ignore,
+    study: str = "default",
+    rerun_windows: int | None = None,
+    evidence: bool = True,
+    early_stop: bool = True,
+) -> ReplayResult:
+    """One ``autotune run`` of ``study`` replayed on ``landscape``: ``n_trials`` trials (the
+    baseline included) or ``budget_s`` simulated seconds, whichever ends first, then
+    re-validation and the export's choice. ``storage``: resume the study ``replay`` there
+    (a new in-memory one by default). ``rerun_windows``: the re-measurement runs' windows
+    (``MeasureSettings.rerun_windows``) instead of the study's. ``evidence``: order the
+    screening by the landscape's first measurement (False: the listed order). ``early_stop``:
+    the convergence stop (``--no-early-stop`` when False)."""
+    base = StudyDefinition.load(study)
+    if rerun_windows is not None:
+        base = replace(base, measure=replace(base.measure, rerun_windows=rerun_windows))
+    d = replace(
+        base,
+        sampler=sampler,
+        seed=seed,
+        n_trials=n_trials,
+        budget_s=budget_s,
+        validate_top=validate_top,
+        screening=screening,
+        patience=patience,
+        ablate=ablation,
+        early_stop=early_stop,
+    )
+    hardware = landscape.meta.get("hardware") or {}
+    target = Target(
+        backend="gloo",
+        device="cpu",
+        world_size=2,
+        global_batch=128,
+        cpus_per_rank=1,
+        bf16=bool(hardware.get("bf16")),  # as recorded
+        bf16_native=bool(hardware.get("bf16_native")),
+    )
+    space = landscape.space().resolve(target)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    st, _ = open_study(
+        "replay",
+        "",
+        d,
+        space,
+        128,
+        {"device": "cpu"},
+        storage=storage or optuna.storages.InMemoryStorage(),
+    )
+    rng = random.Random(seed)
+    measure = ReplayMeasurer(landscape, st, space, d, rng, cold_first=cold_first, evidence=evidence)
+    budget = Budget(d, clock=measure.now)
+    objective = Objective(
+        study=st, space=space, definition=d, measure=measure, budget=budget, emit=emit
+    )  # type: ignore[arg-type]
+    search = Search(
+        study=st,
+        space=space,
+        runners=measure.runners,  # type: ignore[arg-type]
+        objective=objective,
+        measure=measure,  # type: ignore[arg-type]
+        budget=budget,
+        emit=emit,
+    )
+    search.run()
+    search_s, oracle = measure.clock, landscape.oracle()[1]
+    # the search's first measurement of a point at FOUND of the oracle: (trials, seconds)
+    good = (v for v in enumerate(measure.log, 1) if landscape.value(v[1][1]) >= FOUND * oracle)
+    found = next(good, (None, (None, "")))
+    conclude(st, d, space, budget, measure, emit)  # type: ignore[arg-type]
+    profile = study_profile(st)
+    key = measure.config_key(profile.trial_config())
+    value = landscape.value(key)
+    return ReplayResult(
+        found_s=found[1][0],
+        found_trials=found[0],
+        search_s=search_s,
+        stop=None if search.stop is None else search.stop.kind,
+        exported=key,
+        value=value,
+        share=value / oracle,
+        trials=sum(t.state.is_finished() for t in st.trials),
+        seconds=measure.clock,
+        timed_s=measure.timed_s,
+        study=st,
+    )

@@ -1,0 +1,324 @@
+"""Script mode, driver side: one trial is one run of the user's own command.
+
+``autotune run ... -- torchrun --nproc-per-node 2 train.py`` (issue 17; see docs/script-mode.md
+for what is built and what is not yet). The command is the user's, unchanged; the trial's
+configuration reaches it through the environment:
+
+* ``AUTOTUNE_PROFILE`` - a profile file of the trial's configuration. A script that follows
+  the README's pattern loads it with ``autotune.Profile.load()`` (no path: this variable), so
+  the same script runs as a trial and, under ``autotune launch best.yaml``, as the real job;
+* ``AUTOTUNE_REPORT_DIR`` - where ``Profile.wrap`` (``autotune.script.report``) has each rank
+  append one line per forward pass of the wrapped model: the step's time stamp, and the loss
+  when the script calls ``profile.report_loss(loss)``;
+* the profile's own environment (``NCCL_*``, ``OMP_NUM_THREADS``, glibc's allocator pin),
+  set before the command starts, as ``autotune launch`` does.
+
+The losses rank 0 reports become the trial's loss curve for the numerics guard
+(``loss_curve``): one value per optimizer step, the mean of that step's micro-step losses, so
+that trials with other accumulation at the same global batch compare like with like.
+
+The command runs under ``autotune.script.guard``, which ends every process the command
+started when the trial ends, and by itself should the driver die (``kill -9``).
+
+``StepStream`` turns rank 0's time stamps into the same measurement as a built-in trial's
+(``autotune.rank.run``): warm-up until the step time settles (``SettleRule``), then windows of
+about ``window_s`` until the stop rule or the prune rule ends it. ``run_script`` starts the
+command in a session of its own, reads the reports as they come, and ends it through the
+guard once the trial is measured, fails, or runs out of time: no process of the script
+outlives its trial. A script that never reports a step within
+``wrap_wait_s`` fails with a message naming the fix; one that exits first fails with its exit
+status and the last line it printed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune.core.config import MeasureSettings, TrialConfig
+from autotune.core.errors import FailureReason, TrialFailed
+from autotune.core.numerics import CURVE_STEPS
+from autotune.core.rank_io import RankResult
+from autotune.core.stats import Interval
+from autotune.launch.results import TrialResult
+from autotune.script import guard as script_guard
+
+__all__ = ["PROFILE_ENV", "REPORT_ENV", "StepStream", "loss_curve", "run_script"]
+
+PROFILE_ENV = "AUTOTUNE_PROFILE"
+REPORT_ENV = "AUTOTUNE_REPORT_DIR"
+#: How long a script may run before its first reported step (imports, data, process group).
+WRAP_WAIT_S = 120.0
+POLL_S = 0.05
+
+
+@dataclass
+class StepStream:
+    """Rank 0's step time stamps in, a measurement out (see the module doc). ``feed`` takes
+    the stamps seen so far (seconds, increasing) and returns True once the trial is measured:
+    ``windows`` (samples/s over all ranks), ``seconds`` and ``stop`` hold the result."""
+
+    measure: MeasureSettings
+    samples_per_step: float
+    incumbent: Interval | None = None
+    windows: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    stop: str = ""
+    warmup_steps: int | None = None
+    steps_per_window: int = 0
+
+    def feed(self, stamps: Sequence[float]) -> bool:
+        if self.stop:
+            return True
+        m = self.measure
+        if self.warmup_steps is None:
+            times = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+            at = m.settle_rule().settled_at(times)
+            if at is None:
+                return False
+            self.warmup_steps = at
+            per_step = statistics.median(times[at - m.settle_window : at])
+            n = math.ceil(m.window_s / per_step) if per_step > 0 else m.min_steps
+            self.steps_per_window = min(max(n, m.min_steps), m.max_steps)
+        stop_rule, prune_rule = m.stop_rule(), m.prune_rule()
+        n, first = self.steps_per_window, self.warmup_steps
+        while first + (len(self.windows) + 1) * n < len(stamps):
+            k = first + len(self.windows) * n
+            seconds = stamps[k + n] - stamps[k]
+            self.seconds.append(seconds)
+            self.windows.append(n * self.samples_per_step / seconds)
+            if prune_rule.should_prune(self.windows, self.incumbent):
+                self.stop = "pruned"
+                return True
+            done, why = stop_rule.decide(self.windows)
+            if done:
+                self.stop = why
+                return True
+        return False
+
+
+@dataclass
+class Reports:
+    """A rank's report file read as it grows: each ``read`` parses only the complete lines
+    written since the last one (a line being written waits for the next read)."""
+
+    path: Path
+    stamps: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    peak_mb: float = 0.0
+    _offset: int = 0
+
+    def read(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return
+        end = chunk.rfind(b"\n") + 1  # up to the last complete line
+        self._offset += end
+        for line in chunk[:end].decode(errors="replace").splitlines():
+            kind, _, value = line.partition(" ")
+            try:
+                x = float(value)
+            except ValueError:
+                continue
+            if kind == "t":
+                self.stamps.append(x)
+            elif kind == "l":
+                self.losses.append(x)
+            elif kind == "m":
+                self.peak_mb = max(self.peak_mb, x)
+
+
+def _last_line(log: Path) -> str:
+    try:
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except FileNotFoundError:
+        return ""
+    return lines[-1].strip()[:300] if lines else ""
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """End the command: SIGTERM to its guard, which ends every process the command started
+    (``autotune.script.guard``); SIGKILL to the group if the guard has not exited in time."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(2 * script_guard.GRACE_S + 2)  # the guard's SIGTERM, then SIGKILL stage
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def run_script(
+    command: Sequence[str],
+    config: TrialConfig,
+    *,
+    world_size: int,
+    measure: MeasureSettings,
+    backend: str = "gloo",
+    timeout_s: float,
+    incumbent: Interval | None = None,
+    log_dir: str | os.PathLike[str] | None = None,
+    wrap_wait_s: float = WRAP_WAIT_S,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    max_memory_mb: float | None = None,
+) -> TrialResult:
+    """Run ``command`` once with ``config`` and measure it (see the module doc); raises
+    ``TrialFailed``. The command's output goes to ``log_dir/script.log`` (a temporary file
+    otherwise). ``env``: the environment the command starts from (this process's by
+    default; the driver's when this runs as a Ray task in the trial's placement group).
+    ``max_memory_mb``: a rank whose reported peak memory goes over it fails the trial
+    (``oom``), as ``--max-memory`` does for a built-in one."""
+    from autotune.profile.profile import Profile
+
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="autotune-script-") as tmp:
+        work = Path(tmp)
+        reports = work / "report"
+        reports.mkdir()
+        profile = Profile.from_config(
+            config,
+            where="trial",
+            study={"name": "script-trial"},
+            workload={"trainer": "script", "world_size": world_size, "backend": backend,
+                      "global_batch": config.global_batch},
+            hardware={"device": "cuda" if backend == "nccl" else "cpu"},
+            measured={"baseline_samples_per_s": 1.0, "best_samples_per_s": 1.0, "speedup": 1.0,
+                      "note": "a trial's configuration, not a measured profile"},
+        )  # fmt: skip
+        path = profile.save(work / "trial.yaml")
+        base = os.environ if env is None else env
+        child_env = {**base, **config.env, PROFILE_ENV: str(path), REPORT_ENV: str(reports)}
+        log = Path(log_dir) / "script.log" if log_dir else work / "script.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        stream = StepStream(measure, config.micro_batch * world_size, incumbent)
+        with open(log, "wb") as out:
+            guarded = [sys.executable, "-m", "autotune.script.guard", str(os.getpid()), "--"]
+            proc = subprocess.Popen(  # noqa: S603 - the user's own command, as they typed it
+                [*guarded, *command], env=child_env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+            try:
+                rank0 = _watch(proc, stream, reports, log, started, timeout_s, wrap_wait_s,
+                               max_memory_mb)  # fmt: skip
+            finally:
+                _end(proc)
+        stamps, losses = rank0.stamps, rank0.losses
+        peak_mb = _peak_of_ranks(reports, rank0, max_memory_mb)
+        wall = time.monotonic() - started
+        window_s = sum(stream.seconds)
+        n = stream.steps_per_window * len(stream.windows)
+        first = stream.warmup_steps or 0
+        rank = RankResult(
+            rank=0,
+            applied={},
+            pid=proc.pid,
+            steps=n,
+            samples=round(n * stream.samples_per_step),
+            window_s=window_s,
+            windows=stream.windows,
+            steps_per_window=stream.steps_per_window,
+            warmup_steps=first,
+            stop=stream.stop,
+            setup_s=wall - window_s - (stamps[first] - stamps[0]),  # start-up, imports, data
+            warmup_s=stamps[first] - stamps[0],
+            measure_s=window_s,
+            loss=statistics.fmean(losses[-n:]) if losses else math.nan,
+            loss_curve=loss_curve(losses, len(stamps), config.accumulation_steps),
+            peak_memory_mb=peak_mb,
+        )
+        return TrialResult(ranks=[rank], wall_s=wall)
+
+
+def _check_memory(rank: int, peak_mb: float, max_memory_mb: float | None) -> None:
+    if max_memory_mb is not None and peak_mb > max_memory_mb:
+        raise TrialFailed(
+            FailureReason.OOM,
+            f"rank {rank}: peak memory {peak_mb:.0f} MiB is over --max-memory "
+            f"{max_memory_mb:.0f} MiB",
+        )
+
+
+def _peak_of_ranks(reports: Path, rank0: Reports, max_memory_mb: float | None) -> float:
+    """The largest peak memory any rank reported (rank 0's read as it ran, the others' files
+    read once now); over ``max_memory_mb`` it fails the trial."""
+    peak = rank0.peak_mb
+    for path in sorted(reports.glob("rank-*.steps")):
+        if path.name == "rank-0.steps":
+            continue
+        other = Reports(path)
+        other.read()
+        _check_memory(int(path.stem.removeprefix("rank-")), other.peak_mb, max_memory_mb)
+        peak = max(peak, other.peak_mb)
+    return peak
+
+
+def loss_curve(losses: Sequence[float], forwards: int, accumulation_steps: int) -> list[float]:
+    """The first ``CURVE_STEPS`` optimizer steps' losses from rank 0's reports: the mean of
+    each step's ``accumulation_steps`` micro-step losses when the script reports one loss per
+    forward pass (the README's pattern: about as many losses as forwards), the losses as they
+    are when it reports one per optimizer step. Empty when the script reports none."""
+    a = accumulation_steps
+    if a == 1 or len(losses) < 0.75 * forwards:  # one loss per step (or no accumulation)
+        return [float(x) for x in losses[:CURVE_STEPS]]
+    steps = min(len(losses) // a, CURVE_STEPS)
+    return [statistics.fmean(losses[k * a : (k + 1) * a]) for k in range(steps)]
+
+
+def _watch(
+    proc: subprocess.Popen[bytes],
+    stream: StepStream,
+    reports: Path,
+    log: Path,
+    started: float,
+    timeout_s: float,
+    wrap_wait_s: float,
+    max_memory_mb: float | None = None,
+) -> Reports:
+    """Poll rank 0's reports until ``stream`` is measured; raise ``TrialFailed`` when the
+    command exits first, reports nothing in ``wrap_wait_s``, runs past ``timeout_s``, or
+    reports a peak memory over ``max_memory_mb``."""
+    rank0 = Reports(reports / "rank-0.steps")
+    stamps, losses = rank0.stamps, rank0.losses
+    while True:
+        rank0.read()
+        _check_memory(0, rank0.peak_mb, max_memory_mb)
+        if stream.feed(stamps):
+            if losses and not all(math.isfinite(x) for x in losses[-8:]):
+                raise TrialFailed(FailureReason.NAN, f"the script reported loss {losses[-1]}")
+            return rank0
+        code = proc.poll()
+        elapsed = time.monotonic() - started
+        if code is not None:
+            said = _last_line(log)
+            raise TrialFailed(
+                FailureReason.CRASH,
+                f"the command exited with status {code} before it was measured"
+                + (f" ({len(stamps)} steps reported)" if stamps else " (no step reported)")
+                + (f": {said}" if said else ""),
+            )
+        if not stamps and elapsed > wrap_wait_s:
+            raise TrialFailed(
+                FailureReason.CRASH,
+                f"the script reported no step in {wrap_wait_s:.0f}s: wrap the model with "
+                f"autotune.Profile.load().wrap(model) so that autotune can time its steps",
+            )
+        if elapsed > timeout_s:
+            raise TrialFailed(
+                FailureReason.TIMEOUT, f"not measured after {timeout_s:.0f}s ({len(stamps)} steps)"
+            )
+        time.sleep(POLL_S)

@@ -1,0 +1,208 @@
+"""Ablation: a profile that changes only what helps.
+
+The re-validated winner changes several knobs at once; some carry the gain, others ride along
+(and some, such as bf16 or gradient compression, change numerics for nothing). After
+re-validation, ``ablate`` measures the winner against the winner with each changed knob set
+back to its default, interleaved as re-validation is (``stats.interleave``: every variant
+once per round, short runs), and takes each knob's contribution as the paired ratio
+winner / winner-without-it with its 95 % interval (``stats.speedup_ci``).
+
+A knob is kept when its interval lies above 1 (removing it costs more than the noise); the
+others go back to their defaults in the exported profile. When no knob passes on its own
+while the winner beat the defaults, the knobs act together: all are kept and the record says
+so. A knob that cannot be removed alone (the rest would be illegal) is kept. Runs that fail
+drop their variant (its knob is kept).
+
+Called from the main thread after re-validation, on the first placement group; the record
+(study user attribute ``ablation``) is read by ``export``. Rounds are what the budget left
+holds (at least 2), at most the re-validation's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+
+from autotune.core.config import MeasureSettings, TrialConfig
+from autotune.core.knobs import changed_knobs
+from autotune.core.stats import interleave, speedup_ci
+from autotune.definition.space import ResolvedSpace
+from autotune.definition.studydef import StudyDefinition
+from autotune.launch.measure import Measurer
+from autotune.launch.results import TrialResult
+from autotune.report.events import Emit, Note
+from autotune.search.budget import Budget
+from autotune.search.validation import measure_interleaved
+
+__all__ = ["ablate", "variants"]
+
+WINNER = "winner"
+REDUCED = "without the unproven knobs"
+#: The confidence of the interval a knob's contribution must lie above 1 in to be kept.
+CONFIDENCE = 0.95
+
+
+def variants(space: ResolvedSpace, params: dict[str, Any]) -> dict[str, dict[str, Any] | str]:
+    """For each knob ``params`` changes from the defaults: the params without it (that knob,
+    and the children it switched on, at their defaults), or why it cannot be removed alone."""
+    defaults = space.defaults()
+    out: dict[str, dict[str, Any] | str] = {}
+    for name in changed_knobs(params, {n: defaults[n] for n in params}):
+        values = space.values_from_params(params)
+        values[name] = defaults[name]
+        illegal = space.illegal(values)
+        out[name] = illegal if illegal else {n: values[n] for n in space.active(values)}
+    return out
+
+
+def ablate(
+    *,
+    study: optuna.Study,
+    definition: StudyDefinition,
+    space: ResolvedSpace,
+    validation: dict[str, Any] | None,
+    budget: Budget,
+    measure: Measurer,
+    emit: Emit,
+) -> dict[str, Any] | None:
+    """Ablate the re-validated winner (see the module doc); store and return the record. None
+    with ``--no-ablate``, when nothing was validated, the winner changes fewer than two knobs,
+    or the budget left holds fewer than two rounds."""
+    if not definition.ablate or not validation or not validation.get("beats_baseline"):
+        return None
+    number = validation["trials"][validation["winner"]]
+    winner = study.trials[number]
+    options = variants(space, dict(winner.params))
+    removable = {k: p for k, p in options.items() if isinstance(p, dict)}
+    if len(options) < 2 or not removable:
+        return None
+    rounds = budget.ablation_rounds(len(removable))
+    if rounds < 2:
+        emit(Note("No budget left to ablate the winner: every knob it changes is kept"))
+        return None
+    keys = [WINNER, *(f"without {k}" for k in removable)]
+    configs = {WINNER: TrialConfig.from_dict(winner.user_attrs["config"])}
+    for k, p in removable.items():
+        configs[f"without {k}"] = TrialConfig.from_values(space.values_from_params(p), space.target)
+    order = interleave(keys, rounds)
+    emit(
+        Note(
+            f"Ablating trial {number}: each of its {len(removable)} changed knobs set back to "
+            f"its default, {rounds} interleaved rounds ({len(order)} runs)"
+        )
+    )
+    short = definition.measure.rerun()
+
+    def run(key: str) -> TrialResult:
+        return measure(number, configs[key], measure=short)
+
+    done = measure_interleaved(keys, order, run, emit, essential=WINNER)
+    if done is None:
+        emit(Note("The winner failed during ablation: every knob it changes is kept"))
+        return None
+    runs, failed, timed_s = done
+    contributions: dict[str, dict[str, Any]] = {}
+    for k, p in options.items():
+        key = f"without {k}"
+        entry: dict[str, Any] = {"value": winner.params[k]}
+        if isinstance(p, str):
+            entry.update(kept=True, why=f"cannot be removed alone: {p}")
+        elif key in failed:
+            entry.update(kept=True, why=f"the variant without it failed ({failed[key]})")
+        else:
+            n = min(len(runs[WINNER]), len(runs[key]))  # paired by round
+            sp = speedup_ci(runs[WINNER][:n], runs[key][:n], CONFIDENCE)
+            entry.update(speedup=[sp.low, sp.median, sp.high], kept=sp.low > 1.0)
+        contributions[k] = entry
+    together = not any(c["kept"] for c in contributions.values())
+    if together:
+        for c in contributions.values():
+            c["kept"] = True
+    dropped = [k for k, c in contributions.items() if not c["kept"]]
+    values = space.values_from_params(dict(winner.params))
+    defaults = space.defaults()
+    for k in dropped:
+        values[k] = defaults[k]
+    joint = None
+    if len(dropped) >= 2:
+        # Each drop alone cost nothing beyond the noise; all of them at once is another
+        # configuration, measured before it is exported.
+        reduced = TrialConfig.from_values(values, space.target)
+        joint = _check_joint(number, dropped, configs[WINNER], reduced, rounds, short,
+                             budget, measure, emit)  # fmt: skip
+        if joint["kept_back"]:
+            for k in dropped:
+                others = ", ".join(o for o in dropped if o != k)
+                contributions[k].update(kept=True, why=f"dropped with {others}: {joint['why']}")
+            values = space.values_from_params(dict(winner.params))
+            dropped = []
+    params = {n: values[n] for n in space.active(values)}
+    record = {
+        "trial": number,
+        "rounds": rounds,
+        "order": order,
+        "measurements": {k: [round(x, 2) for x in xs] for k, xs in runs.items()},
+        "contributions": contributions,
+        "dropped": dropped,
+        "together": together,
+        "joint": joint,
+        "params": params,
+        "config": TrialConfig.from_values(values, space.target).to_dict(),
+        "timed_s": round(timed_s, 3),
+    }
+    study.set_user_attr("ablation", record)
+    for k, c in contributions.items():
+        if "speedup" in c:
+            low, med, high = c["speedup"]
+            verdict = "kept" if c["kept"] else "dropped: no gain beyond the noise"
+            shown = f"{med:.3f}x ({low:.3f}-{high:.3f})"
+            emit(Note(f"  {k}={c['value']}: the winner is {shown} itself without it - {verdict}"))
+        else:
+            emit(Note(f"  {k}={c['value']}: kept ({c['why']})"))
+    if together:
+        emit(Note("No knob carries the gain alone beyond the noise: they are kept together"))
+    if joint is not None:
+        emit(Note(f"  without {', '.join(joint['knobs'])} at once: {joint['why']}"))
+    return record
+
+
+def _check_joint(
+    number: int,
+    knobs: list[str],
+    winner: TrialConfig,
+    reduced: TrialConfig,
+    rounds: int,
+    short: MeasureSettings,
+    budget: Budget,
+    measure: Measurer,
+    emit: Emit,
+) -> dict[str, Any]:
+    """The winner against ``reduced``: the winner with ``knobs`` (each of which failed to prove
+    itself alone) set back at once, interleaved over at most ``rounds`` rounds. The knobs go
+    back in (``kept_back``) when dropping them together costs more than the noise, or when the
+    check cannot be made (too little budget left, a run failed): what is exported is then a
+    measured configuration, the winner."""
+    n = min(rounds, budget.ablation_rounds(1))
+    out: dict[str, Any] = {"knobs": knobs, "rounds": n}
+    if n < 2:
+        return {**out, "kept_back": True, "why": "not measured together (no budget left): kept"}
+    keys = [WINNER, REDUCED]
+    order = interleave(keys, n)
+    emit(Note(f"Measuring trial {number} {REDUCED} ({', '.join(knobs)}) once more: {n} rounds"))
+    configs = {WINNER: winner, REDUCED: reduced}
+    done = measure_interleaved(
+        keys, order, lambda k: measure(number, configs[k], measure=short), emit, essential=WINNER
+    )
+    if done is None or done[1]:
+        return {**out, "kept_back": True, "why": "a run of the check failed: kept"}
+    runs, _, timed_s = done
+    k = min(len(runs[WINNER]), len(runs[REDUCED]))
+    sp = speedup_ci(runs[WINNER][:k], runs[REDUCED][:k], CONFIDENCE)
+    kept_back = sp.low > 1.0
+    verdict = "together they carry gain: kept" if kept_back else "no gain beyond the noise: dropped"
+    shown = f"{sp.median:.3f}x ({sp.low:.3f}-{sp.high:.3f})"
+    why = f"the winner is {shown} itself without them - {verdict}"
+    return {**out, "speedup": [sp.low, sp.median, sp.high], "kept_back": kept_back, "why": why,
+            "measurements": {k: [round(x, 2) for x in xs] for k, xs in runs.items()},
+            "timed_s": round(timed_s, 3)}  # fmt: skip

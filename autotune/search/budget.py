@@ -1,0 +1,209 @@
+"""The wall-clock budget of one run: time left, whether another trial fits, and the plan of the
+re-validation that must fit in it too.
+
+``Budget`` is told what happened (``start``, ``trial_done``) and asked questions
+(``left_s``, ``room_for_another``, ``validation_plan``); a question never changes it. Trials
+running in several threads tell it under its lock.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from collections.abc import Callable
+
+from autotune.definition.studydef import StudyDefinition
+
+__all__ = ["MAX_ROUNDS", "Budget", "rounds_to_tell", "validation_plan"]
+
+#: Most interleaved rounds the re-validation grows to when the budget has room for them.
+MAX_ROUNDS = 10
+#: Re-validation-sized runs kept at the end for the limit probes (the defaults, the winner).
+LIMIT_RUNS = 2
+#: The most of the budget kept for them.
+LIMIT_SHARE = 0.05
+
+
+def _shrunk(top: int, rounds: int, run_wall_s: float, room: float) -> tuple[int, int]:
+    """``top`` candidates over ``rounds`` rounds cut down until they fit in ``room`` seconds:
+    fewer candidates first (down to 1), then fewer rounds (down to 2); it may still not fit."""
+    while (top + 1) * rounds * run_wall_s > room and (rounds > 2 or top > 1):
+        if top > 1:
+            top -= 1
+        else:
+            rounds -= 1
+    return top, rounds
+
+
+def validation_plan(
+    d: StudyDefinition, budget_s: float, run_wall_s: float
+) -> tuple[int, int] | None:
+    """(candidates, rounds) of the re-validation that fit in a third of the budget, given the
+    typical re-validation run's wall time. ``validate_rounds`` is the number of rounds aimed
+    for; when they do not fit, fewer candidates first, then fewer rounds (the interval's width
+    goes with t(n-1)/sqrt(n): 9.0 at 2 rounds, 2.5 at 3, 1.2 at 5 - rounds are worth more than
+    candidates); when there is room left, more rounds, up to ``MAX_ROUNDS``. None when even one
+    candidate over two rounds does not fit in half of the budget."""
+    top, rounds = d.validate_top, d.validate_rounds
+    if top == 0 or d.multi_objective:  # the profile is chosen from the Pareto front instead
+        return None
+    room = budget_s / 3
+    top, rounds = _shrunk(top, rounds, run_wall_s, room)
+    if (top + 1) * rounds * run_wall_s > budget_s / 2:
+        return None
+    while rounds < MAX_ROUNDS and (top + 1) * (rounds + 1) * run_wall_s <= room:
+        rounds += 1
+    return top, rounds
+
+
+def rounds_to_tell(margin: float, noise: float, *, least: int = 3, most: int = MAX_ROUNDS) -> int:
+    """Paired rounds whose 95 % interval on a ratio is narrower than ``margin`` (relative),
+    each run's relative noise being ``noise`` (a ratio of two runs: sqrt(2) x that): the
+    smallest n in [least, most] with t(n-1) sqrt(2) noise / sqrt(n) < margin. A 1.8x candidate
+    against 2 % noise needs the least; 1.03x needs more."""
+    from scipy.stats import t
+
+    for n in range(max(least, 2), most + 1):
+        if float(t.ppf(0.975, n - 1)) * math.sqrt(2) * noise / math.sqrt(n) < margin:
+            return n
+    return most
+
+
+def ablation_runs(knobs: int) -> int:
+    """Runs per round of the ablation of a winner changing ``knobs`` knobs: the winner and one
+    variant per knob, and when two or more knobs could be dropped while another is kept, the
+    winner and the configuration without all of them (``ablation._check_joint``)."""
+    return knobs + 1 + (2 if knobs >= 3 else 0)
+
+
+class Budget:
+    """The budget of ``definition`` (``budget_s``), from ``start()`` on, on ``clock`` (seconds;
+    the replay benchmark, ``autotune.replay.simulate``, passes a simulated one)."""
+
+    def __init__(
+        self,
+        definition: StudyDefinition,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        started: float | None = None,
+    ) -> None:
+        self.d = definition
+        self.total_s = definition.budget_s
+        self.now = clock
+        #: When the command started (on ``clock``): the budget counts from there, Ray's start
+        #: and the placement included, and ``start()`` keeps it. None: from ``start()``.
+        self._command_started = started
+        self.started = clock() if started is None else started
+        self._lock = threading.Lock()
+        self._walls: list[float] = []  # wall seconds of each search trial
+        # What a re-validation run of each measured trial would take (its overhead and
+        # rerun_windows of its windows): re-validation runs are that short.
+        self._rerun_walls: list[float] = []
+        #: Runs kept for the limit probes at the end (``autotune.limit.probe``): two, each about
+        #: as long as a re-validation run, when the study measures the limit.
+        self.limit_runs = LIMIT_RUNS if definition.limit else 0
+
+    def start(self) -> None:
+        """The clock starts now (just before the first trial), unless it started with the
+        command."""
+        if self._command_started is None:
+            self.started = self.now()
+
+    def left_s(self) -> float:
+        return self.total_s - (self.now() - self.started)
+
+    def elapsed_s(self) -> float:
+        return self.now() - self.started
+
+    def trial_done(self, wall_s: float, rerun_wall_s: float | None = None) -> None:
+        """A search trial took ``wall_s``; a re-validation run of it would take
+        ``rerun_wall_s`` (None: it failed, nothing to re-run)."""
+        with self._lock:
+            self._walls.append(wall_s)
+            if rerun_wall_s is not None:
+                self._rerun_walls.append(rerun_wall_s)
+
+    def _medians(self) -> tuple[float, float] | None:
+        """(a search trial's wall seconds, a re-validation run's) as the medians so far; None
+        before any trial ended. A failed trial has no re-validation run: when none has one,
+        a run is taken to be as long as a trial."""
+        with self._lock:
+            if not self._walls:
+                return None
+            wall = statistics.median(self._walls)
+            return wall, statistics.median(self._rerun_walls) if self._rerun_walls else wall
+
+    def validation_plan(self) -> tuple[int, int] | None:
+        """(candidates, rounds) of the re-validation at the end of the run; None when no
+        trial has ended yet or re-validation does not fit (``validation_plan``). Asked once
+        the search has stopped, the plan also fits the budget left (less the limit probes):
+        fewer candidates first, then fewer rounds (at least 2), else None - the search keeps
+        room only for candidates it judged worth it (``search.Search``), and a budget is
+        kept, not overrun."""
+        medians = self._medians()
+        if medians is None:
+            return None
+        run = medians[1]
+        plan = validation_plan(self.d, self.total_s, run)
+        if plan is None:
+            return None
+        room = self.left_s() - self.limit_reserve_s(run)
+        top, rounds = _shrunk(*plan, run, room)
+        return (top, rounds) if (top + 1) * rounds * run <= room else None
+
+    def ablation_rounds(self, knobs: int) -> int:
+        """Rounds of the ablation of a winner changing ``knobs`` knobs (``ablation_runs`` per
+        round) that the budget left holds, at most the re-validation's (``ablation.ablate``
+        needs 2). ``ablation_rounds(1)``: rounds of two runs, as the joint check takes."""
+        medians = self._medians()
+        if medians is None:
+            return 0
+        plan = validation_plan(self.d, self.total_s, medians[1])  # the rounds aimed for
+        if plan is None:
+            return 0
+        return min(plan[1], int(self.left_s() // (ablation_runs(knobs) * medians[1])))
+
+    def limit_reserve_s(self, run_wall_s: float) -> float:
+        """Seconds kept for the limit probes: ``limit_runs`` re-validation-sized runs, at most
+        ``LIMIT_SHARE`` of the budget (a probe in pooled processes takes less than a run: on
+        the quick study 2.7 s against 5-8 s)."""
+        return min(self.limit_runs * run_wall_s, LIMIT_SHARE * self.total_s)
+
+    def trial_s(self) -> float | None:
+        """A search trial's wall seconds (the median so far); None before any ended."""
+        medians = self._medians()
+        return None if medians is None else medians[0]
+
+    def reserve_s(self, *, to_revalidate: int, ablate: int = 0, rounds: int | None = None) -> float:
+        """Seconds kept for what follows the search: the re-validation of ``to_revalidate``
+        candidates (as many as the plan takes), the ablation of a winner changing ``ablate``
+        knobs, each over the plan's rounds or ``rounds`` if fewer (what the candidates' gain
+        needs: ``stats.rounds_to_tell``), and the limit probes. The search decides which
+        candidates earn a reserve (``search.Search``: those beyond their noise)."""
+        medians = self._medians()
+        if medians is None:
+            return 0.0
+        run = medians[1]
+        plan = validation_plan(self.d, self.total_s, run)
+        runs = 0
+        if plan is not None and to_revalidate:
+            n = plan[1] if rounds is None else min(plan[1], rounds)
+            runs = (min(to_revalidate, plan[0]) + 1) * n
+            if ablate >= 2:
+                runs += ablation_runs(ablate) * n
+        return run * runs + self.limit_reserve_s(run)
+
+    def room_for_another(
+        self, *, to_revalidate: int, ablate: int = 0, rounds: int | None = None
+    ) -> bool:
+        """Whether the budget left holds a typical trial and the reserve (``reserve_s``)."""
+        left = self.left_s()
+        if left <= 0:
+            return False
+        wall = self.trial_s()
+        if wall is None:
+            return True
+        reserve = self.reserve_s(to_revalidate=to_revalidate, ablate=ablate, rounds=rounds)
+        return left >= wall + reserve

@@ -1,0 +1,136 @@
+"""The first measurement: the limit probe of the defaults, taken once right after the baseline
+trial (or read back from a resumed or shared study), and the screening order it gives.
+
+``first_measurement`` runs on a search thread before any other trial. It says in one line what
+bounds the step (``limit.evidence.Evidence.describe``), the order the screening will take with each
+prior's expected gain, and each prior skipped with its figure; or, where there is no probe
+(``--no-limit``, script mode, a failed probe), that the priors go in their listed order. The
+record is the study's ``limit.evidence.FIRST_ATTR`` attribute: the evidence (checked when read
+back) and the probe's own record, which the probe at the end of the run reuses.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.core.config import TrialConfig
+from autotune.core.errors import TrialFailed
+from autotune.definition.space import ResolvedSpace
+from autotune.definition.studydef import StudyDefinition
+from autotune.limit.evidence import FIRST_ATTR, Evidence
+from autotune.limit.probe import probe_one
+from autotune.record.study import baseline_trial, rel_noise
+from autotune.report.events import Emit, Note
+from autotune.search.budget import Budget
+from autotune.search.screening import HELPS, plan
+
+__all__ = ["FIRST_PROBE_S", "first_measurement"]
+
+#: Seconds of DDP steps (and as many bare ones) the first measurement times, within
+#: ``rank.limit_probe``'s step bounds: a breakdown needs a few steps, not two windows of slow ones.
+FIRST_PROBE_S = 8.0
+
+
+def first_measurement(
+    *,
+    study: optuna.Study,
+    space: ResolvedSpace,
+    measure: Any,
+    definition: StudyDefinition,
+    budget: Budget,
+    logs: Path | None,
+    emit: Emit,
+) -> Evidence | None:
+    """The evidence the screening is ordered by (module doc); None where there is none."""
+    ev = _stored(study, emit)
+    if ev is None:
+        ev = _probe_defaults(study, space, measure, definition, budget, logs, emit)
+    if ev is None:
+        return None
+    todo, skipped = plan(space, ev)
+    if todo or skipped:
+        order = ", ".join(
+            p.prior.label + ("" if p.gain is None else f" (<= {p.gain:.2f}x)") for p in todo
+        )
+        emit(Note(f"Screening order from the first measurement: {order or 'nothing'}"))
+        bar = max(ev.noise, HELPS)
+        for p in skipped:
+            emit(Note(f"Not screened: {p.prior.label}: at most {p.gain:.3f}x on this step, "
+                      f"within the noise (±{bar:.1%})"))  # fmt: skip
+    return ev
+
+
+def _stored(study: optuna.Study, emit: Emit) -> Evidence | None:
+    raw = study.user_attrs.get(FIRST_ATTR)
+    if raw is None:
+        return None
+    try:
+        ev = Evidence.from_attrs(raw.get("evidence") if isinstance(raw, dict) else None)
+    except ValueError as e:
+        emit(Note(f"The study's stored first measurement is unreadable ({e}); measuring the "
+                  "defaults again"))  # fmt: skip
+        return None
+    emit(Note(f"First measurement (stored on the study): {ev.describe()}"))
+    return ev
+
+
+def _probe_steps(base: optuna.trial.FrozenTrial, global_batch: int) -> int | None:
+    """DDP steps for the first measurement: about ``FIRST_PROBE_S`` of them at the baseline's
+    step time, at least 4 and at most the probe's own least (None: unknown)."""
+    value = base.values[0] if base.values else None
+    if not value or value <= 0:
+        return None
+    from autotune.rank.limit_probe import MIN_STEPS
+
+    return max(4, min(MIN_STEPS, math.ceil(FIRST_PROBE_S / (global_batch / value))))
+
+
+def _probe_defaults(
+    study: optuna.Study,
+    space: ResolvedSpace,
+    measure: Any,
+    d: StudyDefinition,
+    budget: Budget,
+    logs: Path | None,
+    emit: Emit,
+) -> Evidence | None:
+    """The limit probe of the baseline's configuration; None (said) when there is none."""
+    if not d.limit:
+        emit(Note("No first measurement (--no-limit): screening in the priors' listed order"))
+        return None
+    if not getattr(measure, "can_probe", True):
+        emit(Note("No first measurement (script mode has no limit probe): screening in the "
+                  "priors' listed order"))  # fmt: skip
+        return None
+    base = baseline_trial(study)
+    if base is None or base.state != TrialState.COMPLETE or budget.left_s() <= 0:
+        return None
+    started = budget.elapsed_s()
+    trace = None
+    if logs is not None:  # a Chrome trace of the defaults' steps, beside the run's logs
+        (logs / "limit").mkdir(parents=True, exist_ok=True)
+        trace = logs / "limit" / "baseline.trace.json"
+    device = space.target.device
+    try:
+        record = probe_one(
+            measure,
+            base.number,
+            TrialConfig.from_dict(base.user_attrs["config"]),
+            trace=trace,
+            free_batch=d.free_batch,
+            device=device,
+            steps=_probe_steps(base, space.target.global_batch),
+        )
+        ev = Evidence.from_probe(record, device=device, noise=max(rel_noise(base), HELPS))
+    except (TrialFailed, KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+        emit(Note(f"The first measurement failed ({type(e).__name__}: {e}): screening in the "
+                  "priors' listed order"))  # fmt: skip
+        return None
+    study.set_user_attr(FIRST_ATTR, {"evidence": ev.to_attrs(), "probe": record})
+    emit(Note(f"First measurement ({budget.elapsed_s() - started:.0f} s): {ev.describe()}"))
+    return ev

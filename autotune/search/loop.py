@@ -1,0 +1,388 @@
+"""The search driver: the baseline first, then the first measurement of the defaults, then
+trials until a stop.
+
+The first measurement (``search.first_look.first_measurement``) is the limit probe of the baseline's
+configuration, taken once and stored on the study (``limit.evidence.FIRST_ATTR``): it orders the
+screening by expected gain and skips what cannot help (``screening.plan``). The search stops
+for one of the reasons in ``autotune.search.stop``, each said in one line and stored on the study:
+
+* **budget**: another trial and the reserve no longer fit. The reserve covers the
+  re-validation and ablation of the candidates that beat the defaults *beyond their noise*
+  (a candidate within it earns no room of its own), and the limit probe. While screening
+  priors whose expected gain is beyond the noise are untried and more than a third of the
+  budget is left, the reserve does not stop the search (``UNTRIED_SHARE``).
+* **converged** (``--no-early-stop`` turns it off): once the screening is done and at least
+  ``stop.CONVERGE_MIN_TRIALS`` trials completed, after each trial (every 5th from 60 on) a GP
+  over them (Optuna's ``RegretBoundEvaluator``) bounds how much any point of the space could
+  still beat the best by; when that bound is below the measured run-to-run noise
+  (``stop.noise_rel`` of the best) ``stop.CONVERGED_TRIALS`` times in a row, the search ends
+  and the rest of the budget goes back (``stop.Convergence``).
+* ``--n-trials``, ``--patience``, an exhausted grid.
+
+Every trial runs on a worker thread, one per placement group, each calling
+``study.optimize(n_trials=1)`` in turn; Optuna's storage hands each thread its trial, and
+TPE's constant liar sees the trials in flight. Every trial keeps Optuna's own life cycle
+(states, ``catch``, callbacks), and the objective (``objective.Objective``) maps its ends to
+states.
+
+The main thread only waits (``_off_main``). Ctrl-C (or SIGTERM, ``errors.Terminated``) lands
+there, never inside Optuna's ask or tell (an interrupt there left a trial RUNNING): it marks
+the objective ``interrupted``, kills every running trial's ranks (``Measurer.abort``), so each
+trial fails and is recorded ``interrupted`` by its own thread, waits for the threads, and
+re-raises to the caller, which exports the best profile so far.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.core.errors import TrialFailed, interrupted_by
+from autotune.definition.space import ResolvedSpace
+from autotune.launch.launcher import TrialRunner
+from autotune.launch.measure import Measurer
+from autotune.record.study import (
+    baseline_trial,
+    baselines,
+    complete,
+    enqueue_anchor,
+    enqueue_baseline,
+    throughput,
+)
+from autotune.report.events import BudgetStarted, Emit, Note
+from autotune.search.budget import Budget
+from autotune.search.first_look import first_measurement
+from autotune.search.objective import Objective
+from autotune.search.screening import Screening
+from autotune.search.stop import STOP_ATTR, Convergence, StopRecord, reserve_for
+
+__all__ = ["ANCHOR_EVERY", "BASELINE_POLL_S", "Search"]
+
+#: Seconds between looks at a baseline another driver is running.
+BASELINE_POLL_S = 2.0
+#: Trials between two runs of the defaults (``Search._reanchor``).
+ANCHOR_EVERY = 10
+#: How long Ctrl-C waits for the aborted trials to be recorded.
+ABORT_WAIT_S = 30.0
+#: While more than this share of the budget is left, untried screening priors whose expected
+#: gain is beyond the noise are screened whatever the reserve would say.
+UNTRIED_SHARE = 1 / 3
+
+
+class Search:
+    """Trials of ``study`` on ``runners`` until ``budget`` is spent."""
+
+    def __init__(
+        self,
+        *,
+        study: optuna.Study,
+        space: ResolvedSpace,
+        runners: list[TrialRunner],
+        objective: Objective,
+        measure: Measurer,
+        budget: Budget,
+        emit: Emit,
+        tick: Callable[[], None] | None = None,
+    ) -> None:
+        self.study = study
+        self.space = space
+        self.runners = runners
+        self.objective = objective
+        self.measure = measure
+        self.budget = budget
+        self.emit = emit
+        #: Called from the main thread before the baseline, between trials and while waiting
+        #: for concurrent trials (``tuner`` re-asserts its SIGTERM handler there).
+        self.tick = tick or (lambda: None)
+        d = objective.d
+        self.screening = Screening(study, space) if d.screening and d.sampler != "grid" else None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._asking = threading.Lock()  # taking the next trial, with concurrent trials
+        self._held = threading.local()
+        self._finished = 0  # trials this invocation ran to an end
+        self._stale = 0  # of them, in a row, not better than the best before them
+        self._best: float | None = None
+        self.stop: StopRecord | None = None
+        """Why the search stopped (``autotune.search.stop``)."""
+        self._convergence = Convergence()
+
+    def run(self) -> None:
+        """Search until the budget is spent (or a trial stops the run by raising)."""
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        self.budget.start()
+        self.tick()
+        self.emit(BudgetStarted(budget_s=self.budget.total_s, spent_s=self.budget.elapsed_s()))
+        ready: list[bool] = []
+        self._off_main([lambda: ready.append(self._baseline_first())])
+        if not ready or not ready[0]:
+            return
+        with self._lock:  # a resumed study: --patience counts from the best it already has
+            self._best = max((throughput(t) for t in complete(self.study)), default=None)
+        if self.screening is not None:
+            self._off_main([self._first_look])
+        self._off_main([lambda r=r: self._trials_on(r) for r in self.runners])
+        if self.stop is None:  # every thread found the budget spent
+            self._stopped("budget", "the budget is spent")
+        self.emit(Note(self.stop.line()))  # type: ignore[union-attr]
+        self.study.set_user_attr(STOP_ATTR, self.stop.to_attrs())  # type: ignore[union-attr]
+
+    def _stopped(self, kind: str, why: str, kept_s: float = 0.0) -> None:
+        """Record the first reason the search stops (later threads find it set)."""
+        with self._lock:
+            if self.stop is not None:
+                return
+            self.stop = StopRecord(
+                kind=kind,
+                why=why,
+                at_s=self.budget.elapsed_s(),
+                budget_s=self.budget.total_s,
+                kept_s=kept_s,
+            )
+
+    def record_stop(self, kind: str, why: str) -> None:
+        """The run was stopped from outside the search (``tuner``): record and store why,
+        unless the search had stopped already (then the stop came during what follows it)."""
+        if self.stop is not None:
+            return
+        self._stopped(kind, why)
+        assert self.stop is not None
+        # the storage that stopped the run may be gone: the log line is said all the same
+        with contextlib.suppress(Exception):
+            self.study.set_user_attr(STOP_ATTR, self.stop.to_attrs())
+        self.emit(Note(self.stop.line()))
+
+    def _first_look(self) -> None:
+        """The first measurement (``search.first_look``), given to the screening."""
+        assert self.screening is not None
+        self.screening.evidence = first_measurement(
+            study=self.study,
+            space=self.space,
+            measure=self.measure,
+            definition=self.objective.d,
+            budget=self.budget,
+            logs=getattr(self.objective, "logs", None),
+            emit=self.emit,
+        )
+
+    def _one_trial(self, serial: bool = False) -> None:
+        """One trial through ``study.optimize``. ``serial``: take the trial (Optuna's ask,
+        which pops a queued trial first) under a lock, so that two threads never pop the same
+        queued trial (SQLite has no row lock: both would run it, and the second to tell it
+        fails); the lock is let go as soon as the objective starts."""
+        if not serial:
+            self.study.optimize(
+                self.objective, n_trials=1, catch=(TrialFailed,), callbacks=[self._between_trials]
+            )
+            return
+        self._asking.acquire()
+        self._held.value = True
+        try:
+            self.study.optimize(
+                self._taken, n_trials=1, catch=(TrialFailed,), callbacks=[self._between_trials]
+            )
+        finally:
+            self._let_go()
+
+    def _taken(self, trial: optuna.Trial) -> float | tuple[float, float]:
+        """The objective, once this thread holds its trial."""
+        self._let_go()
+        return self.objective(trial)
+
+    def _let_go(self) -> None:
+        if getattr(self._held, "value", False):
+            self._held.value = False
+            self._asking.release()
+
+    def _baseline_first(self) -> bool:
+        """Measure the baseline before any other trial: every speedup, the trial timeout and
+        the pruning bar come from it. Where several drivers share the study, the one that
+        takes the enqueued baseline runs it and the others wait for it. False when the budget
+        ran out first."""
+        said = False
+        while baseline_trial(self.study) is None:
+            if self.budget.left_s() <= 0 or self._stop.is_set():
+                return False
+            states = [t.state for t in baselines(self.study)]
+            if TrialState.WAITING in states:
+                self._one_trial()  # Optuna takes the enqueued (WAITING) trial first
+            elif TrialState.RUNNING in states:
+                if not said:
+                    self.emit(Note("Waiting for the baseline, run by another driver"))
+                    said = True
+                # a driver that died (kill -9) leaves it RUNNING: Optuna's heartbeat fails it
+                optuna.storages.fail_stale_trials(self.study)
+                time.sleep(BASELINE_POLL_S)
+            else:  # another driver's baseline failed, or was never enqueued: run one here
+                enqueue_baseline(self.study, self.space)
+        return True
+
+    def _count(self, trial: optuna.trial.FrozenTrial) -> None:
+        """``trial`` has ended: count it for ``--n-trials`` and ``--patience``."""
+        value = trial.values[0] if trial.state == TrialState.COMPLETE and trial.values else None
+        with self._lock:
+            self._finished += 1
+            if value is not None and (self._best is None or value > self._best):
+                self._best, self._stale = value, 0
+            elif not trial.user_attrs.get("baseline"):
+                self._stale += 1
+
+    def _limit_reached(self) -> bool:
+        d = self.objective.d
+        sampler = self.study.sampler
+        with self._lock:
+            if isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(
+                self.study
+            ):  # what its study.stop() ended with one study.optimize call
+                why = ("grid", "every point of the grid is measured")
+            elif d.n_trials is not None and self._finished >= d.n_trials:
+                why = ("n_trials", f"--n-trials {d.n_trials}: {self._finished} trials run")
+            elif d.patience is not None and self._stale >= d.patience:
+                why = ("patience", f"--patience {d.patience}: {self._stale} trials in a row "
+                       "did not beat the best")  # fmt: skip
+            else:
+                return False
+        self._stopped(*why)
+        return True
+
+    def _room_for_another(self) -> bool:
+        """Whether another trial is to run: no limit reached, not converged, and the budget
+        holds the trial and the reserve (module doc); the first reason to stop is recorded."""
+        left = self.budget.left_s()
+        if left <= 0:
+            self._stopped("budget", "the budget is spent")
+            return False
+        if self._limit_reached() or self._converged():
+            return False
+        wall = self.budget.trial_s()
+        if wall is None:
+            return True
+        if self._untried_beyond_noise() and left > UNTRIED_SHARE * self.budget.total_s:
+            if left >= wall:  # the evidence says a prior can gain: screen it first
+                return True
+            self._stopped("budget", f"{left:.0f} s left, less than a trial ({wall:.0f} s)")
+            return False
+        qualify, ablate, rounds = reserve_for(
+            self.study, self.space.baseline_params(), self.objective.d
+        )
+        kept = self.budget.reserve_s(to_revalidate=qualify, ablate=ablate, rounds=rounds)
+        if left >= wall + kept:
+            return True
+        what = f"{qualify} candidate(s)" if qualify else "no candidate"
+        self._stopped(
+            "budget",
+            f"{left:.0f} s left does not hold a trial ({wall:.0f} s) and the {kept:.0f} s kept "
+            f"for re-validating {what}"
+            + (f" and ablating {ablate} knobs" if qualify and ablate >= 2 else "")
+            + " and the limit probe",
+            kept_s=kept,
+        )
+        return False
+
+    def _untried_beyond_noise(self) -> bool:
+        """Untried screening priors whose expected gain is beyond the noise (the plan keeps
+        only those, and the unmodelled ones, whose gain is None)."""
+        if self.screening is None:
+            return False
+        return any(p.gain is not None for p in self.screening.untried())
+
+    def _converged(self) -> bool:
+        """The convergence stop (module doc; ``stop.Convergence``), once the screening is done
+        and unless ``--no-early-stop``, a multi-objective study or a grid."""
+        d = self.objective.d
+        if not d.early_stop or d.multi_objective or d.sampler == "grid":
+            return False
+        if self.screening is not None and self.screening.is_open():
+            return False
+        why, failed = self._convergence.judge(self.study)
+        if failed:
+            self.emit(Note(f"Convergence not judged: the GP over the trials failed ({failed}); "
+                           "the budget stops the search"))  # fmt: skip
+        if why is None:
+            return False
+        self._stopped("converged", f"{why}; {self.budget.left_s():.0f} s of the budget "
+                      "returned (--no-early-stop searches on)")  # fmt: skip
+        return True
+
+    def _between_trials(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        """Optuna's callback after each trial: count it."""
+        self._count(trial)
+
+    def _queue_next(self) -> None:
+        """Queue the designed start's next trial, or a run of the defaults when one is due;
+        called only when another trial fits and is asked for at once, so a stop leaves
+        nothing queued."""
+        if self.screening is not None:
+            done = self.screening.step()
+            if done is not None:
+                self.emit(done)
+        self._reanchor()
+
+    def _reanchor(self) -> None:
+        """Queue a run of the defaults when ``ANCHOR_EVERY`` trials have ended since the last:
+        speedups are taken against the defaults measured nearest in time, so neither a cold
+        first baseline nor the slow drift of a shared machine biases them."""
+        with self._lock:
+            trials = self.study.get_trials(deepcopy=False)
+            marked = [t for t in trials if t.user_attrs.get("baseline")]
+            if any(not t.state.is_finished() for t in marked):
+                return  # one is queued or running
+            last = max((t.number for t in marked), default=-1)
+            since = [t for t in trials if t.number > last]
+            if sum(t.state.is_finished() for t in since) >= ANCHOR_EVERY:
+                enqueue_anchor(self.study, self.space, f"every {ANCHOR_EVERY} trials")
+
+    def _trials_on(self, runner: TrialRunner) -> None:
+        """One worker thread: trials on ``runner``, one after another, until the budget, a
+        limit or a stop. A cluster with no room left raises ``ClusterLost`` before a trial is
+        asked for in vain."""
+        self.measure.use(runner)
+        while not self._stop.is_set() and self._room_for_another():
+            runner.ensure_placed()
+            self._queue_next()  # right before this thread asks for its next trial
+            self._one_trial(serial=True)
+
+    def _off_main(self, jobs: list[Callable[[], object]]) -> None:
+        """Run each of ``jobs`` on its own thread while the main thread waits and ticks. The
+        first error of any job (``ClusterLost``, ``BaselineFailed``, a bug) stops them all and
+        is raised here; Ctrl-C stops them as the module doc says. The wait is on events, not
+        ``Thread.join``: a join that Ctrl-C interrupts can mark a running thread stopped
+        (CPython 3.11, ``Thread._wait_for_tstate_lock``)."""
+        errors: list[BaseException] = []
+        done: list[threading.Event] = []  # one per thread started
+
+        def work(job: Callable[[], object], finished: threading.Event) -> None:
+            try:
+                job()
+            except BaseException as e:  # noqa: BLE001 - raised again from the main thread
+                errors.append(e)
+                self._stop.set()
+            finally:
+                finished.set()
+
+        try:  # Ctrl-C can land while a thread starts, and its trial may be running by then
+            for i, job in enumerate(jobs):
+                finished = threading.Event()
+                name = f"trial-runner-{i}"
+                thread = threading.Thread(target=work, args=(job, finished), name=name, daemon=True)
+                done.append(finished)  # before start(): Ctrl-C can land inside it
+                thread.start()
+            while not all(e.is_set() for e in done):
+                self.tick()
+                next(e for e in done if not e.is_set()).wait(timeout=0.5)
+        except KeyboardInterrupt as e:
+            self.objective.interrupted_by = interrupted_by(e)
+            self.objective.interrupted.set()
+            self._stop.set()
+            self.measure.abort()
+            deadline = time.monotonic() + ABORT_WAIT_S
+            for finished in done:
+                finished.wait(timeout=max(deadline - time.monotonic(), 0.0))
+            raise
+        if errors:
+            raise errors[0]

@@ -1,0 +1,267 @@
+"""The objective: what one search trial does, as Optuna calls it.
+
+suggest → configuration → legality → measure → attributes → numerics verdict → value.
+
+Every way a trial ends maps to one Optuna state in ``__call__``, as Optuna's own
+``_optimize._run_trial`` maps exceptions: a measurement returns its value (COMPLETE); a trial
+clearly below the incumbent raises ``TrialPruned`` (PRUNED); a ``TrialFailed`` is recorded
+with its reason and re-raised for ``study.optimize(catch=...)`` (FAIL; the run goes on); a
+failed baseline raises ``BaselineFailed`` and a lost cluster ``ClusterLost`` (both stop the
+run); a trial whose ranks Ctrl-C or SIGTERM killed (``interrupted`` set by the main thread,
+``search.Search._off_main``) is recorded ``interrupted``. Each measured or failed trial is
+told to the budget and emitted as an event (a lost cluster stops the run instead, and the
+caller says so).
+
+Called by Optuna from the worker thread running the trial, never the main one; one
+``Objective`` serves every thread of a run (its state is the study's, the budget's, behind
+their own locks, and ``interrupted``).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune.core.config import TrialConfig
+from autotune.core.errors import (
+    BaselineFailed,
+    ClusterLost,
+    FailureReason,
+    TrialFailed,
+)
+from autotune.core.knobs import changed_knobs
+from autotune.core.numerics import changes_numerics, drift
+from autotune.core.stats import Interval
+from autotune.definition.space import ResolvedSpace
+from autotune.definition.studydef import StudyDefinition
+from autotune.launch.measure import Measurer
+from autotune.launch.results import TrialResult
+from autotune.record.study import (
+    DRIVER,
+    anchors,
+    baseline_trial,
+    incumbent,
+    measurement_attrs,
+    record_failure,
+    tag,
+    throughput,
+)
+from autotune.report.events import Emit, Outcome, TrialFinished, TrialStarted
+from autotune.search.budget import Budget
+
+__all__ = ["Objective", "keep_logs"]
+
+
+def keep_logs(trial: optuna.Trial, log_dir: Path | None) -> None:
+    """Keep a trial's rank logs: their directory goes on the trial (``logs``). The rule: the
+    baseline's and every failed trial's logs are kept; a trial that completes or is pruned
+    has its logs deleted at once, so the directory grows only with failures."""
+    if log_dir is not None and log_dir.is_dir():
+        trial.set_user_attr("logs", str(log_dir))
+
+
+class Objective:
+    """The objective of one run's study."""
+
+    def __init__(
+        self,
+        *,
+        study: optuna.Study,
+        space: ResolvedSpace,
+        definition: StudyDefinition,
+        measure: Measurer,
+        budget: Budget,
+        emit: Emit,
+        tokens_per_sample: int | None = None,
+        logs: Path | None = None,
+    ) -> None:
+        self.study, self.space, self.d = study, space, definition
+        #: Where each trial's rank output goes (``trial-N/rank-R.log``); None: not kept.
+        self.logs = logs
+        self.measure = measure
+        self.budget = budget
+        self.emit = emit
+        self.tokens_per_sample = tokens_per_sample  # language models: tokens/s recorded too
+        #: Set by the search driver on Ctrl-C or SIGTERM: a trial failing now was killed by it.
+        self.interrupted = threading.Event()
+        #: What interrupted the run, for the trials it killed.
+        self.interrupted_by = "Ctrl-C"
+
+    def __call__(self, trial: optuna.Trial) -> float | tuple[float, float]:
+        t0 = self.budget.now()
+        trial.set_user_attr("driver", DRIVER)
+        values = self.space.suggest(trial)
+        config = TrialConfig.from_values(values, self.space.target)
+        trial.set_user_attr("config", config.to_dict())
+        is_baseline = bool(trial.user_attrs.get("baseline"))
+        # every measured run of the defaults: the first is the baseline, the latest the
+        # nearest so far
+        runs = anchors(self.study)
+        baseline = throughput(runs[0]) if runs else None
+        reference = throughput(runs[-1]) if runs else None
+        # a run of the defaults after the first baseline: it re-anchors speedups, and failing
+        # is a trial's failure, not the run's
+        is_anchor = is_baseline and baseline is not None
+        changes = changed_knobs(trial.params, self.space.defaults())
+        self.emit(TrialStarted(tag=tag(trial), changes=changes))
+        log_dir = None if self.logs is None else self.logs / f"trial-{trial.number}"
+        try:
+            illegal = self.space.illegal(values)
+            if illegal:
+                raise TrialFailed(FailureReason.ILLEGAL, illegal)
+            # Pruning compares throughput only: it would cut memory-lean configurations short
+            # in a multi-objective study, and Optuna has no pruning there.
+            prune = not (is_baseline or self.d.multi_objective)
+            bar = self._bar(trial) if prune else None
+            try:
+                result = self.measure(trial.number, config, bar, log_dir=log_dir)
+            except BaseException:
+                keep_logs(trial, log_dir)  # a failure's output is what the user reads first
+                raise
+            if is_baseline and not is_anchor:
+                keep_logs(trial, log_dir)  # what the defaults printed, to compare with
+            elif log_dir is not None:  # a trial that ran: its output is not kept
+                shutil.rmtree(log_dir, ignore_errors=True)
+        except ClusterLost as e:
+            record_failure(trial, TrialFailed(FailureReason.CLUSTER_LOST, str(e)))
+            raise
+        except TrialFailed as e:
+            failure = e
+            if self.interrupted.is_set():  # its ranks were killed by Ctrl-C in another thread
+                failure = TrialFailed(
+                    FailureReason.INTERRUPTED, f"{self.interrupted_by} during the trial"
+                )
+            wall = self.budget.now() - t0
+            trial.set_user_attr("wall_s", round(wall, 3))
+            self.budget.trial_done(wall)
+            self._fail(trial, failure, changes)
+            if is_baseline and not is_anchor:
+                raise BaselineFailed(
+                    f"the baseline trial (PyTorch defaults) failed: {failure}; the workload "
+                    f"must run with the defaults before it can be tuned"
+                ) from None
+            raise failure from None
+        # None: another driver's baseline is not measured yet (a shared study's first minutes)
+        # an anchor's speedup is its drift from the first baseline
+        ref = baseline if is_baseline else reference
+        speedup = 1.0 if is_baseline and not is_anchor else result.throughput / ref if ref else None
+        attrs = measurement_attrs(result, speedup, tokens_per_sample=self.tokens_per_sample)
+        # the first baseline is the reference; a later run of the defaults (an anchor) is an
+        # fp32 rerun, which tells how exactly the workload repeats its steps
+        drifted = None if is_baseline and not is_anchor else self._drift(config, attrs)
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+        if not self.d.multi_objective:  # Optuna takes no intermediate values there
+            for i, w in enumerate(result.windows):
+                trial.report(w, i)  # the dashboard's intermediate values: one per window
+        per_window = result.window_s / len(result.windows)
+        m = self.d.measure
+        # a re-measurement run: its windows, after a warm-up shorter by the steps its settle
+        # rule needs fewer
+        fewer = m.rerun().warmup_steps_fewer(m) * result.step_time_s
+        rerun = max(result.overhead_s - fewer, 0.0) + m.rerun_windows * per_window
+        self.budget.trial_done(self.budget.now() - t0, rerun)
+        if drifted is not None:  # over pruning too: the more telling verdict
+            self._fail(trial, drifted, changes)
+            raise drifted
+        self._finished(trial, result, speedup, changes)
+        if result.pruned:
+            raise optuna.TrialPruned(
+                f"upper bound {result.interval.high:.1f} below the incumbent's interval"
+            )
+        if self.d.multi_objective:
+            return result.throughput, result.peak_memory_mb
+        return result.throughput
+
+    def _bar(self, trial: optuna.Trial) -> Interval | None:
+        """The interval a trial is pruned below: the incumbent's; for a screening trial the
+        baseline's, since screening asks whether a knob beats the defaults, not the best."""
+        if "screen" in trial.user_attrs:
+            base = baseline_trial(self.study)
+            if base is not None and "interval" in base.user_attrs:
+                return Interval.from_dict(base.user_attrs["interval"])
+        return incumbent(self.study)
+
+    def _finished(
+        self, trial: optuna.Trial, result: TrialResult, speedup: float | None, changes: dict
+    ) -> None:
+        self.emit(
+            TrialFinished(
+                tag=tag(trial),
+                number=trial.number,
+                outcome=Outcome.PRUNED if result.pruned else Outcome.COMPLETE,
+                elapsed_s=self.budget.elapsed_s(),
+                changes=changes,
+                throughput=result.interval.median,
+                rel_half_width=result.interval.rel_half_width,
+                windows=len(result.windows),
+                speedup=speedup,
+            )
+        )
+
+    def _fail(self, trial: optuna.Trial, failure: TrialFailed, changes: dict) -> None:
+        """Record why ``trial`` fails and say so."""
+        record_failure(trial, failure)
+        self.emit(
+            TrialFinished(
+                tag=tag(trial),
+                number=trial.number,
+                outcome=Outcome.FAILED,
+                elapsed_s=self.budget.elapsed_s(),
+                changes=changes,
+                reason=str(failure.reason),
+                detail=failure.detail,
+            )
+        )
+
+    def _drift(self, config: TrialConfig, attrs: dict[str, Any]) -> TrialFailed | None:
+        """The numerics guard (``autotune.core.numerics``): record the drift of a configuration that
+        changes numerics in ``attrs``; the failure to record when it is over the tolerance and
+        the study does not allow drift.
+
+        An fp32 trial's curve is compared with the baseline's as well and kept as
+        ``fp32_drift``: the workload's own run-to-run difference. Built-in workloads repeat
+        their steps exactly (far below 0.1 %); a script that seeds neither its model nor its
+        data order does not, and then no verdict is given (``numerics_unjudged`` says why)."""
+        changed = changes_numerics(config)
+        base = baseline_trial(self.study)
+        base_curve = None if base is None else base.user_attrs.get("loss_curve")
+        if base is not None and base.user_attrs["config"]["global_batch"] != config.global_batch:
+            base_curve = None  # --free-batch: other samples per step, no like-for-like curve
+        found = drift(attrs["loss_curve"], base_curve) if base_curve else None
+        if found is None:
+            return None
+        value, steps = found
+        # an fp32 trial's drift is the workload's own repeat error, not a verdict on it
+        attrs["numerics_drift" if changed else "fp32_drift"] = (
+            round(value, 5) if math.isfinite(value) else "inf"
+        )
+        if not changed:
+            return None
+        tol = self.d.drift_tolerance
+        if value <= tol or self.d.allow_drift:
+            return None
+        floor = self._fp32_drift()
+        # a seeded script repeats within 0.1 %; one seeded from the clock differed by 3.7 %
+        if floor > tol / 5:
+            attrs["numerics_unjudged"] = (
+                f"fp32 runs of this workload differ from the baseline's by up to {floor:.1%}: "
+                f"its steps do not repeat (seed the model and the data order)"
+            )
+            return None
+        return TrialFailed(
+            FailureReason.NUMERICS_DRIFT,
+            f"{' '.join(changed)}: the loss of the first {steps} steps differs from the fp32 "
+            f"baseline's by {value:.1%} (tolerance {tol:.0%}); --allow-drift keeps such settings",
+        )
+
+    def _fp32_drift(self) -> float:
+        """The largest ``fp32_drift`` recorded so far in the study (0 when none)."""
+        seen = [t.user_attrs.get("fp32_drift") for t in self.study.get_trials(deepcopy=False)]
+        return max((math.inf if x == "inf" else float(x) for x in seen if x is not None),
+                   default=0.0)  # fmt: skip

@@ -1,0 +1,374 @@
+"""The designed start: screen the high-prior knobs one at a time, then combine the helpful ones.
+
+Random start-up trials change every knob at once, so 8 of them say little about any one knob;
+on the workloads measured here a few switches carry nearly all of the gain. The search
+therefore starts (after the baseline) with:
+
+1. **screening** - one trial per prior in ``PRIORS`` that applies to the target and that the
+   space contains: every knob at its default except that one (with the children it switches
+   on at their defaults, or as the prior says). With a first measurement of the defaults
+   (``autotune.limit.evidence``), the priors are screened in order of their expected gain, and a
+   prior whose optimistic gain is within the baseline's noise is skipped (``plan``; the run
+   says which and why). Without one (script mode, or the probe failed) they are screened in
+   the order listed, each with its reason;
+2. **the defaults again** (a re-anchoring run, ``record.study.enqueue_anchor``): each effect
+   is measured against the median of the defaults' runs before and after the screening, so
+   that neither a cold first baseline nor drift decides what helps;
+3. **the combination** - once those trials have ended, one trial that moves every knob whose
+   screening trial beat the defaults by more than ``HELPS`` (the better value where two
+   priors move the same knob), when at least two helped;
+4. **the fold-over** - the combination with each of its knobs left out in turn (user
+   attribute ``fold``: the label left out), one trial each, when it combines three or more
+   (with two, leaving one out is a screening trial already measured). On the recorded default
+   landscape the best points are the combination's neighbours, not its single knobs: with
+   the fold-over, TPE's median share of the oracle over 100 replayed seeds of 15 trials went
+   from 0.896 to 0.912 and its 10th percentile from 0.825 to 0.861 (``bench/replay.py``);
+5. then the sampler (TPE by default) over the whole space; every screening result is in the
+   study, so the model starts from them (TPE's start-up count is met by then).
+
+The trials are queued with Optuna's ``enqueue_trial``, one at a time (``Screening.step``),
+each marked with user attribute ``screen`` (the prior's label), ``anchor``, ``combination``
+or ``fold``; their results are summarised on the study (user attribute ``screening``)
+when the combination is queued. A resumed study goes on where the screening stopped and is
+summarised once.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.core.knobs import Target
+from autotune.definition.space import ResolvedSpace, contains
+from autotune.limit.evidence import Evidence, expected_gain
+from autotune.record.study import anchors, enqueue_anchor, throughput
+from autotune.report.events import ScreeningDone
+
+__all__ = ["HELPS", "PRIORS", "Planned", "Prior", "Screening", "applicable", "plan", "ruled_out"]
+__all__ += ["verdict"]
+
+#: The ``anchor`` attribute of the run of the defaults that closes the screening.
+AGAIN = "after screening"
+#: A screened knob helps when its trial's throughput is above the baseline's by this fraction.
+HELPS = 0.02
+
+
+def _always(t: Target) -> bool:
+    return True
+
+
+def _ours(t: optuna.trial.FrozenTrial) -> bool:
+    """A trial the screening queued."""
+    a = t.user_attrs
+    return "screen" in a or "combination" in a or "fold" in a or a.get("anchor") == AGAIN
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prior:
+    """A move from the defaults that often helps, why, and where it applies."""
+
+    label: str
+    moves: dict[str, Any]
+    reason: str
+    when: Callable[[Target], bool] = field(default=_always)
+
+
+PRIORS: tuple[Prior, ...] = (
+    Prior(
+        label="precision=bf16",
+        moves={"precision": "bf16"},
+        when=lambda t: t.bf16 and t.bf16_native,
+        reason="bf16 autocast runs matmuls on tensor cores (or a CPU's AVX512-BF16/AMX units) and "
+        "halves activation memory. Not screened on CPUs without them: there it ran about 20x "
+        "slower than fp32",
+    ),
+    Prior(
+        label="precision=tf32",
+        moves={"precision": "tf32"},
+        when=lambda t: t.device == "cuda" and t.tf32,
+        reason="fp32 matmuls on TF32 tensor cores, numerics close to fp32",
+    ),
+    Prior(
+        label="comm_hook=bf16",
+        moves={"comm_hook": "bf16"},
+        when=lambda t: t.backend == "nccl",
+        reason="halves the bytes every all-reduce moves; wins when communication is the bottleneck",
+    ),
+    Prior(
+        label="static_graph=True",
+        moves={"static_graph": True},
+        reason="DDP skips per-step graph bookkeeping and fixes the bucket order after the first "
+        "step",
+    ),
+    Prior(
+        label="gradient_as_bucket_view=True",
+        moves={"gradient_as_bucket_view": True},
+        reason="gradients live in the all-reduce buckets: one copy per step saved",
+    ),
+    Prior(
+        label="num_workers",
+        moves={"num_workers": 2, "persistent_workers": True},
+        when=lambda t: t.device != "cuda",
+        reason="batches are produced in worker processes, off the training loop",
+    ),
+    Prior(
+        label="num_workers+pin_memory",
+        moves={"num_workers": 4, "persistent_workers": True, "pin_memory": True},
+        when=lambda t: t.device == "cuda",
+        reason="batches produced off the training loop and copied from pinned memory",
+    ),
+    Prior(
+        label="bucket_cap_mb=100",
+        moves={"bucket_cap_mb": 100.0},
+        reason="fewer, larger all-reduces: less per-call latency (gloo, small models)",
+    ),
+    Prior(
+        label="bucket_cap_mb=5",
+        moves={"bucket_cap_mb": 5.0},
+        reason="smaller buckets start the all-reduce earlier in backward: more overlap",
+    ),
+    Prior(
+        label="comm_hook=fp16",
+        moves={"comm_hook": "fp16"},
+        reason="halves the bytes every all-reduce moves; wins on slow links, costs a cast",
+    ),
+)
+
+
+def applicable(space: ResolvedSpace) -> list[tuple[Prior, dict[str, Any]]]:
+    """The priors that apply to ``space``'s target and that its dimensions contain, each
+    with the params of its screening trial."""
+    out = []
+    for prior in PRIORS:
+        if not prior.when(space.target):
+            continue
+        params = moved(space, prior.moves)
+        if params is not None and params != space.baseline_params():
+            out.append((prior, params))
+    return out
+
+
+#: Where an unmodelled prior (no expected gain) ranks among the modelled ones: about what
+#: ``static_graph`` and bucket views measured alone on the recorded landscapes (1.01-1.07x).
+UNMODELLED = 1.05
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A screening prior with its trial's params and its expected (optimistic) gain; None:
+    no model applies, or nothing was measured first."""
+
+    prior: Prior
+    params: dict[str, Any]
+    gain: float | None
+
+
+def plan(space: ResolvedSpace, evidence: Evidence | None) -> tuple[list[Planned], list[Planned]]:
+    """(the priors to screen, in order; the priors skipped). Without ``evidence``, every
+    applicable prior in the listed order. With it, by expected gain, highest first
+    (``UNMODELLED`` standing in where no model applies), and those whose optimistic gain is
+    within the baseline's noise (``evidence.noise``, at least ``HELPS``) skipped."""
+    todo = [Planned(p, params, None) for p, params in applicable(space)]
+    if evidence is None:
+        return todo, []
+    bar = 1 + max(evidence.noise, HELPS)
+    rated = [Planned(t.prior, t.params, expected_gain(t.prior.moves, evidence)) for t in todo]
+    keep = [t for t in rated if t.gain is None or t.gain > bar]
+    skip = [t for t in rated if t.gain is not None and t.gain <= bar]
+    keep.sort(key=lambda t: -(UNMODELLED if t.gain is None else t.gain))  # stable: listed order
+    return keep, skip
+
+
+def ruled_out(study: optuna.Study) -> frozenset[str]:
+    """The knob names whose screening trial the run measured as no gain (completed, not
+    ``helps``): the limit line does not name their family as the next step."""
+    summary = study.user_attrs.get("screening")
+    out: set[str] = set()
+    if isinstance(summary, dict):
+        for s in summary.values():
+            if (
+                isinstance(s, dict)
+                and s.get("helps") is False
+                and isinstance(s.get("moves"), dict)
+                and s.get("state") in ("COMPLETE", "PRUNED")
+            ):
+                out.update(k for k in s["moves"] if isinstance(k, str))
+    return frozenset(out)
+
+
+def verdict(effect: dict[str, Any]) -> str:
+    """What a screening effect says, in words: ``helps`` only when the gain is beyond the
+    trial's own noise (its speedup at the low end of its 95 % interval still above 1; the
+    defaults' runs have noise too, so even that is optimistic); ``may help (within its
+    noise)`` when it cleared ``HELPS`` but not that - it is still combined, the combination
+    and the re-validation decide; else below or no gain. ``effect``: a ``_summary`` entry or
+    ``export.screening_effects``' (``noise``: the interval's relative half-width)."""
+    speedup = effect.get("speedup")
+    if not isinstance(speedup, (int, float)) or isinstance(speedup, bool):
+        return str(effect.get("state", "not measured")).lower()
+    noise = effect.get("noise")
+    interval = effect.get("interval")
+    if noise is None and isinstance(interval, dict):
+        noise = interval.get("rel_half_width")
+    if not isinstance(noise, (int, float)) or isinstance(noise, bool):
+        noise = 0.0
+    if effect.get("helps") is True:
+        return "helps" if speedup * (1 - noise) > 1 else "may help (within its noise)"
+    if effect.get("state") == "PRUNED":
+        return "clearly below the defaults (pruned)"
+    return "no gain beyond the noise"
+
+
+def _combine(summary: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The screened priors that helped and still move the combination, and its moves. Two
+    values of one knob (bf16 and tf32) combine into the better one alone."""
+    helped = [
+        s
+        for s in summary.values()  # a resumed study's record may be someone else's: checked
+        if isinstance(s, dict)
+        and s.get("helps") is True
+        and isinstance(s.get("speedup"), (int, float))
+        and isinstance(s.get("moves"), dict)
+    ]
+    moves: dict[str, Any] = {}
+    for s in sorted(helped, key=lambda s: s["speedup"]):  # the better value last
+        moves.update(s["moves"])
+    kept = [s for s in helped if all(moves[k] == v for k, v in s["moves"].items())]
+    return kept, moves
+
+
+def moved(space: ResolvedSpace, moves: dict[str, Any]) -> dict[str, Any] | None:
+    """The baseline's params with ``moves`` applied (children switched on by a move at their
+    defaults unless moved too); None when the space cannot express it."""
+    values = space.defaults()
+    dims = space.distributions
+    for name, value in moves.items():
+        if name in dims and contains(dims[name], value):
+            values[name] = value
+        elif values[name] != value and name == next(iter(moves)):
+            return None  # the prior's main move is not in this space
+    params = {n: values[n] for n in space.active(values)}
+    if any(n in dims and not contains(dims[n], v) for n, v in params.items()):
+        return None
+    return params
+
+
+class Screening:
+    """Queues the screening, the defaults again and the combination on ``study``, one trial
+    at a time, so that a run stopped by its budget leaves at most one of them WAITING (a
+    resumed run takes it first and goes on where this one stopped). ``step`` is called before
+    the sampler's first trial and after each trial that another trial follows, from whichever
+    thread ended it (under a lock)."""
+
+    def __init__(self, study: optuna.Study, space: ResolvedSpace) -> None:
+        self.study, self.space = study, space
+        self._lock = threading.Lock()
+        #: The first measurement (``Search`` sets it once the probe after the baseline ran).
+        self.evidence: Evidence | None = None
+
+    def is_open(self) -> bool:
+        """Whether the screening is still going on (its effects not summarised yet)."""
+        return not isinstance(self.study.user_attrs.get("screening"), dict)
+
+    def untried(self) -> list[Planned]:
+        """The planned priors not screened yet (none once the screening is summarised)."""
+        if not self.is_open():
+            return []
+        done = {
+            t.user_attrs["screen"]
+            for t in self.study.get_trials(deepcopy=False)
+            if "screen" in t.user_attrs and t.state != TrialState.WAITING
+        }
+        return [t for t in plan(self.space, self.evidence)[0] if t.prior.label not in done]
+
+    def step(self) -> ScreeningDone | None:
+        """Queue what comes next unless one of ours is queued already: the next prior not yet
+        screened; then the defaults again; then, once those ended, record the effects on the
+        study (user attribute ``screening``), queue the combination and return what to say."""
+        with self._lock:
+            trials = self.study.get_trials(deepcopy=False)
+            ours = [t for t in trials if _ours(t)]
+            if any(t.state == TrialState.WAITING for t in ours):
+                return None
+            summary = self.study.user_attrs.get("screening")
+            if isinstance(summary, dict):  # screened (in this run or an earlier one)
+                self._fold_over(trials, summary)
+                return None
+            done = {t.user_attrs["screen"] for t in ours if "screen" in t.user_attrs}
+            todo = [t for t in plan(self.space, self.evidence)[0] if t.prior.label not in done]
+            if todo:
+                attrs: dict[str, Any] = {"screen": todo[0].prior.label}
+                if todo[0].gain is not None:
+                    attrs["expected_gain"] = round(todo[0].gain, 4)
+                self.study.enqueue_trial(todo[0].params, user_attrs=attrs)
+                return None
+            screened = [t for t in ours if "screen" in t.user_attrs]
+            again = [t for t in ours if t.user_attrs.get("anchor") == AGAIN]
+            if screened and not again:  # the effects are measured against both runs
+                enqueue_anchor(self.study, self.space, AGAIN)
+                return None
+            if any(not t.state.is_finished() for t in screened + again):
+                return None  # a concurrent trial of ours is still running
+            summary = self._summary(screened)
+            self.study.set_user_attr("screening", summary)
+            kept, moves = _combine(summary)
+            params = moved(self.space, moves) if len(kept) >= 2 else None
+            labels: list[str] = []
+            if params is not None:  # else nothing to combine: the sampler takes over
+                labels = [s["label"] for s in kept]
+                self.study.enqueue_trial(params, user_attrs={"combination": labels})
+            return ScreeningDone(effects=list(summary.values()), combined=labels)
+
+    def _fold_over(self, trials: list[optuna.trial.FrozenTrial], summary: dict[str, Any]) -> None:
+        """Queue the next fold-over trial, if any: the combination with one of its knobs left
+        out, unless a trial of the study already ran those params."""
+        if not any("combination" in t.user_attrs for t in trials):
+            return
+        kept, moves = _combine(summary)
+        if len(kept) < 3:
+            return
+        done = {t.user_attrs["fold"] for t in trials if "fold" in t.user_attrs}
+        seen = [t.params for t in trials]
+        for s in kept:
+            if s["label"] in done:
+                continue
+            rest = {k: v for k, v in moves.items() if k not in s["moves"]}
+            params = moved(self.space, rest) if set(rest) <= set(self.space.defaults()) else None
+            if params is not None and params not in seen:
+                self.study.enqueue_trial(params, user_attrs={"fold": s["label"]})
+                return
+
+    def _summary(self, screened: list[optuna.trial.FrozenTrial]) -> dict[str, dict[str, Any]]:
+        """Each screened prior: its trial, state, speedup over the baseline and whether it
+        helps."""
+        # the defaults as measured before and after the screening trials
+        runs = [throughput(t) for t in anchors(self.study)]
+        base_value = statistics.median(runs) if runs else None
+        by_label = {p.label: p for p in PRIORS}
+        out: dict[str, dict[str, Any]] = {}
+        for t in screened:
+            label = t.user_attrs["screen"]
+            speedup = None  # a PRUNED trial's too: its windows' median, clearly below
+            measured = t.user_attrs.get("throughput")
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and base_value and measured:
+                speedup = measured / base_value
+            prior = by_label.get(label)
+            out[label] = {
+                "label": label,
+                "trial": t.number,
+                "state": t.state.name,
+                "speedup": None if speedup is None else round(speedup, 4),
+                "interval": t.user_attrs.get("interval"),
+                "helps": t.state == TrialState.COMPLETE
+                and speedup is not None
+                and speedup > 1 + HELPS,
+                "moves": {} if prior is None else dict(prior.moves),
+                "reason": "" if prior is None else prior.reason,
+            }
+        return out
