@@ -9,7 +9,9 @@
 4. open or resume the study (``record.study.open_study``): a new study's first trial is the
    baseline (every knob at its PyTorch/NCCL/torchrun default);
 5. search until the budget is spent (``search.Search`` over ``objective.Objective``, the
-   budget kept by ``budget.Budget``); failed trials are FAIL with a reason, the run goes on;
+   budget kept by ``budget.Budget``, all three built by ``search.assembly.assemble`` over the
+   Ray-backed ``launch.measure.RayMeasurer``); failed trials are FAIL with a reason, the run
+   goes on;
 6. re-validate the best few against the baseline, interleaved (``validation.revalidate``);
 7. ablate the winner: keep only the knobs whose removal costs more than the noise
    (``ablation.ablate``); then probe how far the defaults and the winner are from the limit
@@ -31,7 +33,6 @@ from typing import Any
 
 import optuna
 
-from autotune.core.config import TrialConfig
 from autotune.core.errors import (
     BaselineFailed,
     ClusterLost,
@@ -40,19 +41,20 @@ from autotune.core.errors import (
     interrupted_by,
     raise_terminated,
 )
-from autotune.core.knobs import Target
+from autotune.core.target import Target
 from autotune.definition.durations import format_duration
 from autotune.definition.paths import check_study_name, check_writable, file_stem
-from autotune.definition.space import ResolvedSpace, SearchSpace
+from autotune.definition.space import SearchSpace
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.cluster import RankPlan, connect, plan_ranks
 from autotune.launch.failures import first_line
 from autotune.launch.launcher import PLACEMENT_TIMEOUT_S, TrialRunner
-from autotune.launch.measure import Measurer
+from autotune.launch.measure import Measurer, RayMeasurer
 from autotune.limit.probe import measure_limit
 from autotune.profile.export import export_profile, study_profile
 from autotune.rank.workload import Workload, load_workload
 from autotune.record import storage as storage_mod
+from autotune.record import trial as tr
 from autotune.record.study import (
     baseline_trial,
     baseline_value,
@@ -63,14 +65,10 @@ from autotune.record.study import (
 )
 from autotune.report.events import Emit, Note, ignore
 from autotune.script.job import ScriptJob, script_job
-from autotune.search.ablation import ablate
-from autotune.search.budget import Budget
-from autotune.search.loop import Search
-from autotune.search.objective import Objective
+from autotune.search.assembly import Assembly, assemble
 from autotune.search.screening import ruled_out
-from autotune.search.validation import revalidate
 
-__all__ = ["RunRequest", "RunSummary", "conclude", "run"]
+__all__ = ["RunRequest", "RunSummary", "run"]
 
 #: How long each placement group after the first may take to be placed before the run makes
 #: do with fewer concurrent trials (the first one waits PLACEMENT_TIMEOUT_S).
@@ -116,8 +114,71 @@ class RunSummary:
 def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
     """Run the study ``req`` asks for; ``emit`` receives what happens (None: nothing)."""
     emit = emit or ignore
-    d = req.definition
     # 1. Everything checkable without side effects.
+    d, workload, space, storage_url = _checked(req)
+    # 2. Ray and the ranks' placement groups.
+    conn = connect(req.address, extra_pythonpath=os.getcwd())
+    if joined := conn.describe():
+        emit(Note(joined))
+    Terminated.received = False
+    previous = signal.signal(signal.SIGTERM, raise_terminated) if req.sigterm else None
+    # Ray's core worker installs a handler of its own (it logs "SIGTERM received" and exits 1),
+    # at a moment ray.init does not wait for (seen in CI): the search re-asserts this one from
+    # the main thread before the baseline, between trials and while concurrent trials run.
+    tick = _reassert_sigterm if req.sigterm else None
+    runners: list[TrialRunner] = []
+    try:
+        target, runners, hw, plan = _place(d, workload)
+        # 3. The space this study searches.
+        resolved = space.resolve(target)
+        job = workload.name if isinstance(workload, ScriptJob) else d.trainer.replace(":", ".")
+        name = req.study_name or f"{d.name}-{job}-{target.backend}-{target.world_size}r"
+        if req.storage_url is None:
+            req.run_dir.mkdir(parents=True, exist_ok=True)
+        # 4. The study.
+        study, opened = open_study(name, storage_url, d, resolved, workload.global_batch, hw)
+        emit(opened)
+        profile_path = req.profile_path or req.run_dir / "profiles" / f"{file_stem(name)}.yaml"
+        logs = req.run_dir / "logs" / file_stem(name)
+        if len(runners) > 1:
+            emit(Note(f"Measuring {len(runners)} trials at once, each in its own placement group "
+                      f"({target.world_size} ranks, {plan.cpus_per_rank} CPU(s) each, "
+                      f"--placement {d.placement})"))  # fmt: skip
+        run = assemble(
+            study=study,
+            space=resolved,
+            definition=d,
+            measure=RayMeasurer(study=study, runners=runners, definition=d),
+            emit=emit,
+            started=req.started,
+            tick=tick,
+            tokens_per_sample=workload.tokens_per_sample,
+            logs=logs,
+        )
+        summary = RunSummary(study_name=name, storage_url=storage_url, profile_path=None)
+        _search_and_conclude(run, summary, logs / "limit", target, emit)
+        # 8. The profile.
+        _export(summary, study, profile_path, d.budget_s)
+        _said_converged(run, emit)
+        return summary
+    finally:
+        for r in runners:
+            r.close()
+        conn.close()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _reassert_sigterm() -> None:
+    signal.signal(signal.SIGTERM, raise_terminated)
+
+
+def _checked(req: RunRequest) -> tuple[StudyDefinition, Workload | ScriptJob, SearchSpace, str]:
+    """Step 1: every input checkable without side effects - the space, the workload (script
+    mode: the user's command, which sets some of the definition), the output paths, the study
+    name and the storage URL. Returns the definition to run, the workload, the space and the
+    storage URL."""
+    d = req.definition
     space = SearchSpace.load(d.space)
     workload: Workload | ScriptJob
     if d.command:  # script mode: the user's own command is the trial
@@ -137,133 +198,49 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
         check_study_name(req.study_name)
     if req.storage_url is not None:
         storage_mod.check_url(storage_url)
-
-    # 2. Ray and the ranks' placement groups.
-    conn = connect(req.address, extra_pythonpath=os.getcwd())
-    if joined := conn.describe():
-        emit(Note(joined))
-    Terminated.received = False
-    previous = signal.signal(signal.SIGTERM, raise_terminated) if req.sigterm else None
-    # Ray's core worker installs a handler of its own (it logs "SIGTERM received" and exits 1),
-    # at a moment ray.init does not wait for (seen in CI): the search re-asserts this one from
-    # the main thread before the baseline, between trials and while concurrent trials run.
-    tick = (lambda: signal.signal(signal.SIGTERM, raise_terminated)) if req.sigterm else None
-    runners: list[TrialRunner] = []
-    try:
-        target, runners, hw, plan = _place(d, workload)
-        # 3. The space this study searches.
-        resolved = space.resolve(target)
-        world, backend = target.world_size, target.backend
-        job = workload.name if isinstance(workload, ScriptJob) else d.trainer.replace(":", ".")
-        name = req.study_name or f"{d.name}-{job}-{backend}-{world}r"
-        if req.storage_url is None:
-            req.run_dir.mkdir(parents=True, exist_ok=True)
-        # 4. The study.
-        study, opened = open_study(name, storage_url, d, resolved, workload.global_batch, hw)
-        emit(opened)
-        profile_path = req.profile_path or req.run_dir / "profiles" / f"{file_stem(name)}.yaml"
-        if len(runners) > 1:
-            emit(
-                Note(
-                    f"Measuring {len(runners)} trials at once, each in its own placement group "
-                    f"({world} ranks, {plan.cpus_per_rank} CPU(s) each, --placement "
-                    f"{d.placement})"
-                )
-            )
-        budget = Budget(d, started=req.started)
-        measure = Measurer(study=study, runners=runners, definition=d)
-        objective = Objective(
-            study=study,
-            space=resolved,
-            definition=d,
-            measure=measure,
-            budget=budget,
-            emit=emit,
-            tokens_per_sample=workload.tokens_per_sample,
-            logs=req.run_dir / "logs" / file_stem(name),
-        )
-        search = Search(
-            study=study,
-            space=resolved,
-            runners=runners,
-            objective=objective,
-            measure=measure,
-            budget=budget,
-            emit=emit,
-            tick=tick,
-        )
-        summary = RunSummary(study_name=name, storage_url=storage_url, profile_path=None)
-        # 5-8 in a try whose end always exports: whatever stops the search (Ctrl-C, SIGTERM,
-        # a lost cluster, a locked or lost storage, a full disk, a bug), the best profile so far
-        # is written and the reason reported.
-        try:
-            # 5. Trials until the budget is spent.
-            search.run()
-            # 6-7. Re-measure the best few against the baseline; keep only what carries the gain.
-            conclude(study, d, resolved, budget, measure, emit)
-            if d.limit:
-                _limit(study, d, measure, req.run_dir / "logs" / file_stem(name) / "limit", emit,
-                       device=target.device)  # fmt: skip
-        except KeyboardInterrupt as e:
-            _interrupted(summary, e, emit)
-            search.record_stop("interrupted", f"interrupted ({interrupted_by(e)})")
-        except ClusterLost as e:
-            summary.stopped = str(e)
-            search.record_stop("cluster_lost", str(e))
-        except BaselineFailed:
-            raise  # nothing was measured: there is no profile to export
-        except Exception as e:  # noqa: BLE001 - reported, and the profile still exported
-            cause = _cause(e)
-            summary.stopped = f"{type(cause).__name__}: {first_line(str(cause))}"
-            emit(Note(f"Stopped by an error: {summary.stopped}; "
-                      "exporting the best profile so far"))  # fmt: skip
-            search.record_stop("error", summary.stopped)
-        # 8. The profile.
-        _export(summary, study, profile_path, d.budget_s)
-        if search.stop is not None and search.stop.kind == "converged":
-            used = budget.elapsed_s()
-            at, left = (
-                format_duration(round(search.stop.at_s)),
-                format_duration(round(budget.total_s - used)),
-            )
-            emit(Note(f"Converged at {at}; the run ended {left} before its budget"))
-        return summary
-    finally:
-        for r in runners:
-            r.close()
-        conn.close()
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+    return d, workload, space, storage_url
 
 
-def conclude(
-    study: optuna.Study,
-    d: StudyDefinition,
-    space: ResolvedSpace,
-    budget: Budget,
-    measure: Measurer,
-    emit: Emit,
+def _search_and_conclude(
+    run: Assembly, summary: RunSummary, limit_dir: Path, target: Target, emit: Emit
 ) -> None:
-    """What follows the search: re-validate the best few against the baseline, interleaved
-    (``validation.revalidate``), then ablate the winner (``ablation.ablate``). The replay
-    benchmark (``autotune.replay.simulate``) calls it too."""
-    checked = revalidate(
-        study=study,
-        definition=d,
-        plan=budget.validation_plan(),
-        measure=measure,
-        emit=emit,
-        defaults=space.defaults(),
-    )
-    ablate(
-        study=study,
-        definition=d,
-        space=space,
-        validation=checked,
-        budget=budget,
-        measure=measure,
-        emit=emit,
-    )
+    """Steps 5-7, in a try whose caller always exports: whatever stops the search (Ctrl-C,
+    SIGTERM, a lost cluster, a locked or lost storage, a full disk, a bug), the best profile
+    so far is written and the reason reported (in ``summary`` and on the study)."""
+    d, search = run.definition, run.search
+    try:
+        # 5. Trials until the budget is spent.
+        search.run()
+        # 6-7. Re-measure the best few against the baseline; keep only what carries the gain.
+        run.conclude()
+        if d.limit:
+            _limit(run.study, d, run.measure, limit_dir, emit, device=target.device)
+    except KeyboardInterrupt as e:
+        _interrupted(summary, e, emit)
+        search.record_stop("interrupted", f"interrupted ({interrupted_by(e)})")
+    except ClusterLost as e:
+        summary.stopped = str(e)
+        search.record_stop("cluster_lost", str(e))
+    except BaselineFailed:
+        raise  # nothing was measured: there is no profile to export
+    except Exception as e:  # noqa: BLE001 - reported, and the profile still exported
+        cause = _cause(e)
+        summary.stopped = f"{type(cause).__name__}: {first_line(str(cause))}"
+        emit(Note(f"Stopped by an error: {summary.stopped}; "
+                  "exporting the best profile so far"))  # fmt: skip
+        search.record_stop("error", summary.stopped)
+
+
+def _said_converged(run: Assembly, emit: Emit) -> None:
+    """When the search converged, say how much of the budget it gave back."""
+    stop = run.search.stop
+    if stop is not None and stop.kind == "converged":
+        used = run.budget.elapsed_s()
+        at, left = (
+            format_duration(round(stop.at_s)),
+            format_duration(round(run.budget.total_s - used)),
+        )
+        emit(Note(f"Converged at {at}; the run ended {left} before its budget"))
 
 
 def _limit(
@@ -280,7 +257,7 @@ def _limit(
         return
     profile = study_profile(study, budget_s=d.budget_s)
     tuned = profile.trial_config()
-    configs = {"baseline": TrialConfig.from_dict(base.user_attrs["config"])}
+    configs = {"baseline": tr.config(base)}
     trials = {"baseline": base.number}
     if tuned != configs["baseline"]:
         configs["tuned"] = tuned

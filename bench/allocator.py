@@ -26,7 +26,7 @@ from script_mode import refused
 
 from autotune.core import allocator
 from autotune.core.config import TrialConfig
-from autotune.core.knobs import Target
+from autotune.core.target import Target
 from autotune.definition.space import SearchSpace
 from autotune.profile.profile import Profile
 

@@ -18,7 +18,7 @@ import ray
 
 from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.errors import TrialFailed
-from autotune.core.knobs import Target
+from autotune.core.target import Target
 from autotune.definition.space import SearchSpace
 from autotune.launch.launcher import TrialRunner
 

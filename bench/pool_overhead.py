@@ -10,7 +10,7 @@ import time
 import ray
 
 from autotune.core.config import MeasureSettings, TrialConfig
-from autotune.core.knobs import Target
+from autotune.core.target import Target
 from autotune.definition.space import SearchSpace
 from autotune.launch.launcher import TrialRunner
 

@@ -44,7 +44,7 @@ from typing import Any
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialFailed
-from autotune.core.knobs import Target
+from autotune.core.target import Target
 from autotune.definition.space import SearchSpace
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.cluster import connect

@@ -32,7 +32,7 @@ from typing import Any
 from side_by_side import _fmt, _ratio, side_by_side, tuning_run
 
 from autotune.core.config import TrialConfig
-from autotune.core.knobs import Target
+from autotune.core.target import Target
 from autotune.definition.durations import parse_duration
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.cluster import connect

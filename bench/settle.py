@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.config import MeasureSettings, TrialConfig
-from autotune.core.knobs import Target
 from autotune.core.stats import SettleRule
+from autotune.core.target import Target
 from autotune.definition.space import SearchSpace
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.cluster import connect

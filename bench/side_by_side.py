@@ -49,10 +49,11 @@ from pathlib import Path
 from typing import Any
 
 from autotune import tuner
+from autotune.core.compare import interleave
 from autotune.core.config import TrialConfig
 from autotune.core.errors import AutotuneError, TrialFailed
-from autotune.core.knobs import Target
-from autotune.core.stats import Interval, interleave, median_ci, speedup_ci
+from autotune.core.stats import Interval, median_ci, speedup_ci
+from autotune.core.target import Target
 from autotune.definition.durations import parse_duration
 from autotune.definition.space import SearchSpace
 from autotune.definition.studydef import StudyDefinition
@@ -60,6 +61,8 @@ from autotune.launch.cluster import connect
 from autotune.launch.launcher import TrialRunner
 from autotune.profile.profile import Profile
 from autotune.record import study as study_record
+from autotune.record import trial as trial_record
+from autotune.record.attrs import AblationRecord, ValidationRecord, load
 from autotune.report.progress import RunView
 
 HERE = Path(__file__).resolve().parent
@@ -100,10 +103,14 @@ def args_parser() -> argparse.ArgumentParser:
 def _after_search_timed_s(study: Any) -> float:
     """Seconds inside the timed windows of the runs after the search: re-validation,
     ablation and the ablation's joint check."""
-    validation = study.user_attrs.get("validation") or {}
-    ablation = study.user_attrs.get("ablation") or {}
-    joint = ablation.get("joint") or {}
-    return validation.get("timed_s", 0.0) + ablation.get("timed_s", 0.0) + joint.get("timed_s", 0.0)
+    validation = load(study, ValidationRecord)
+    ablation = load(study, AblationRecord)
+    joint = None if ablation is None else ablation.joint
+    return (
+        (0.0 if validation is None else validation.timed_s)
+        + (0.0 if ablation is None else ablation.timed_s)
+        + (0.0 if joint is None or joint.timed_s is None else joint.timed_s)
+    )
 
 
 def tuning_run(
@@ -126,18 +133,22 @@ def tuning_run(
     measured = [
         t
         for t in study.trials
-        if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and "window_s" in t.user_attrs
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        and trial_record.measured(t, "window_s") is not None
     ]
-    validation = study.user_attrs.get("validation") or {}
-    timed = sum(t.user_attrs["window_s"] for t in measured) + _after_search_timed_s(study)
+    validation = load(study, ValidationRecord)
+    timed = sum(trial_record.measured(t, "window_s") or 0.0 for t in measured)
+    timed += _after_search_timed_s(study)
     profile = Profile.load(summary.profile_path)
     best = sorted(
         (t for t in study.trials if t.state == TrialState.COMPLETE), key=lambda t: -t.value
     )
     top: list[dict[str, Any]] = []
     for t in best:
-        if t.user_attrs["config"] not in top:
-            top.append(t.user_attrs["config"])
+        if trial_record.config_dict(t) not in top:
+            top.append(trial_record.config_dict(t))
+    run_record = study_record.record(study)
+    assert run_record is not None
     return {
         **defaults_runs(study),
         "name": name,
@@ -150,9 +161,9 @@ def tuning_run(
         "complete": sum(t.state == TrialState.COMPLETE for t in study.trials),
         "pruned": sum(t.state == TrialState.PRUNED for t in study.trials),
         "failed": sum(t.state == TrialState.FAIL for t in study.trials),
-        "overheads_s": [t.user_attrs["overhead_s"] for t in measured],
+        "overheads_s": [trial_record.measured(t, "overhead_s") for t in measured],
         "overhead_median_s": round(
-            statistics.median(t.user_attrs["overhead_s"] for t in measured), 2
+            statistics.median(trial_record.measured(t, "overhead_s") or 0.0 for t in measured), 2
         ),
         "timed_s": round(timed, 1),
         "efficiency": round(timed / wall, 3),
@@ -162,19 +173,17 @@ def tuning_run(
         "exported_interval": profile.measured.get("speedup_interval"),
         # the exported configuration's samples/s over its ideal-overlap bound (autotune.limit.probe)
         "share_of_ideal": _share_of_ideal(profile.measured.get("limit")),
-        "validated": bool(validation.get("beats_baseline")),
+        "validated": validation is not None and validation.beats_baseline,
         "config": profile.trial_config().to_dict(),
-        "defaults": TrialConfig.from_dict(
-            study_record.baseline_trial(study).user_attrs["config"]
-        ).to_dict(),
+        "defaults": trial_record.config(study_record.baseline_trial(study)).to_dict(),
         "top": top[:ORACLE_TOP],
         "target": {
             **{
                 k: v
-                for k, v in study_record.record(study)["workload"].items()
+                for k, v in run_record.workload.items()
                 if k in ("backend", "world_size", "global_batch")
             },
-            "device": study_record.record(study)["hardware"]["device"],
+            "device": run_record.hardware["device"],
         },
     }
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,21 @@ TESTS = REPO / "tests"
 #: PYTHONPATH as the session found it; `autotune` subprocesses get this one, so a test trainer
 #: is importable in the driver only when the test runs it from tests/ (cwd), as a user would.
 ORIGINAL_PYTHONPATH = os.environ.get("PYTHONPATH")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """What torch computes in the test process itself (the built-in trainers' steps in
+    ``test_trainers.py``, the Gaussian process of Optuna's terminator behind the search's
+    convergence stop, the GP sampler) runs on one thread: these are tiny tensors, and on a
+    shared 2-core machine two threads made ten long replays take twice as long. Rank processes
+    set their own (a trial's ``threads``)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
@@ -73,6 +91,169 @@ def edited(record: dict, **changes) -> dict:
 
 def autotune_cmd(*args: str) -> list[str]:
     return [AUTOTUNE, *args]
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, every: float = 0.1) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` seconds pass; whether it holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(every)
+    return bool(predicate())
+
+
+@dataclass
+class Ran:
+    """What one ``autotune`` command did: its exit code, stdout and stderr."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class _Refused(BaseException):
+    """Raised by what an in-process ``autotune`` command must never reach (a BaseException,
+    so that no ``except Exception`` in the command turns it into an error message)."""
+
+
+def _refuse(what: str) -> Callable[..., None]:
+    def refused(*args, **kwargs) -> None:
+        raise _Refused(f"the in-process command reached {what}: bad input must stop before it")
+
+    return refused
+
+
+def in_process(
+    *args: str, cwd: Path | str | None = None, env: Mapping[str, str] | None = None
+) -> Ran:
+    """``autotune ARGS`` run in this process through ``autotune.cli.main.main(argv)``, as the
+    console script runs it (exit code, stdout, stderr), in a fraction of a second instead of a
+    new interpreter's import of torch, Ray and Optuna. For bad input, which must stop before any
+    side effect: starting Ray, exec'ing a command or serving the dashboard fails the test. The
+    command sees no Ray connection, as a fresh process would, even where the session's
+    integration tests left this process connected to theirs (``ray_address``).
+
+    Nothing of the process is left changed: the environment is the session's with ``RAY_*`` and
+    ``AUTOTUNE_*`` taken out and ``env`` added, for this call only; the working directory,
+    ``sys.path`` (a ``module:function`` trainer puts the working directory on it), the modules
+    imported from ``cwd``, ``tempfile``'s directory (it follows ``TMPDIR`` in ``env``), the
+    SIGINT/SIGTERM handlers, the root logger's handlers and Optuna's verbosity are restored
+    after it. Warnings and log records at WARNING or above reach stderr as a fresh process would
+    print them (pytest would otherwise collect them), so "one line on stderr" means the same
+    here as through the console script."""
+    import contextlib
+    import io
+    import logging
+    import signal
+    import tempfile
+    import warnings
+
+    import optuna
+    import optuna_dashboard
+    import ray
+
+    from autotune.cli import main as cli_main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_env = dict(os.environ)
+    saved_cwd = os.getcwd()
+    saved_path = list(sys.path)
+    saved_modules = set(sys.modules)
+    saved_tempdir = tempfile.tempdir
+    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    saved_handlers = list(logging.root.handlers)
+    saved_verbosity = optuna.logging.get_verbosity()
+    saved_bytecode = sys.dont_write_bytecode
+    guarded = [(ray, "init"), (os, "execvpe"), (os, "execvp"), (os, "execve"), (os, "execv"),
+               (optuna_dashboard, "run_server")]  # fmt: skip
+    originals = [
+        (obj, name, getattr(obj, name)) for obj, name in [*guarded, (ray, "is_initialized")]
+    ]
+    stderr_log = logging.StreamHandler(err)
+    stderr_log.setLevel(logging.WARNING)
+    try:
+        for k in [k for k in os.environ if k.startswith(("RAY_", "AUTOTUNE_"))]:
+            del os.environ[k]
+        os.environ.update(env or {})
+        if "TMPDIR" in (env or {}):
+            tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+        if cwd is not None:
+            os.chdir(cwd)
+        sys.dont_write_bytecode = True  # a user's trainer module imported from cwd: no .pyc
+        for obj, name in guarded:
+            setattr(obj, name, _refuse(f"{getattr(obj, '__name__', obj)}.{name}"))
+        ray.is_initialized = lambda: False  # a fresh process: not connected to any cluster
+        logging.root.addHandler(stderr_log)
+
+        def show(message, category, filename, lineno, file=None, line=None) -> None:
+            sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+        with (
+            warnings.catch_warnings(),
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+        ):
+            warnings.resetwarnings()  # Python's own defaults, not pytest's collection
+            for quiet in (DeprecationWarning, PendingDeprecationWarning, ImportWarning,
+                          ResourceWarning):  # fmt: skip
+                warnings.simplefilter("ignore", quiet)
+            warnings.showwarning = show
+            try:
+                code = cli_main.main(list(args))
+            except SystemExit as e:  # argparse: usage errors, --help, --version
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        logging.root.handlers[:] = saved_handlers
+        for obj, name, original in originals:
+            setattr(obj, name, original)
+        sys.dont_write_bytecode = saved_bytecode
+        optuna.logging.set_verbosity(saved_verbosity)
+        for s, handler in saved_signals.items():
+            signal.signal(s, handler)
+        tempfile.tempdir = saved_tempdir
+        os.chdir(saved_cwd)
+        sys.path[:] = saved_path
+        here = [Path(p).resolve() for p in (cwd, (env or {}).get("TMPDIR")) if p]
+        for name in set(sys.modules) - saved_modules:
+            file = getattr(sys.modules[name], "__file__", None)
+            if file and any(d in Path(file).resolve().parents for d in here):
+                del sys.modules[name]
+        for k in set(os.environ) - set(saved_env):
+            del os.environ[k]
+        for k, v in saved_env.items():
+            if os.environ.get(k) != v:
+                os.environ[k] = v
+    return Ran(code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """``in_process`` with ``AUTOTUNE_HOME`` in the test's temporary directory (``env`` may
+    override it)."""
+
+    def run(*args: str, cwd=None, env: Mapping[str, str] | None = None) -> Ran:
+        return in_process(*args, cwd=cwd, env={"AUTOTUNE_HOME": str(tmp_path / "home"),
+                                               **(env or {})})  # fmt: skip
+
+    return run
+
+
+def console_script(
+    *args: str,
+    cwd: Path | str | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 120,
+) -> Ran:
+    """``autotune ARGS`` through the installed console script, in a new process: the
+    environment is the session's with ``RAY_*`` and ``AUTOTUNE_*`` taken out and ``env``
+    added (like ``in_process``)."""
+    import subprocess
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "AUTOTUNE_"))}
+    p = subprocess.run(autotune_cmd(*args), cwd=cwd, env={**clean, **(env or {})},
+                       capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    return Ran(p.returncode, p.stdout, p.stderr)
 
 
 def started_run(env, *args: str, cwd=None, after_trials: int = 1):

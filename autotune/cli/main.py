@@ -11,14 +11,13 @@ read a stored study) and ``cli.tools`` (profiles, the network lab, listings).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import os
 import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 from autotune.cli import study as cli_study
 from autotune.cli import tools as cli_tools
@@ -32,9 +31,10 @@ from autotune.core.errors import (
 )
 from autotune.definition import settings
 from autotune.definition.studydef import StudyDefinition
-from autotune.limit.probe import LIMIT_ATTR, summary_line
+from autotune.limit.probe import summary_line
+from autotune.record.attrs import LimitRecord, StopRecord, load
 from autotune.record.storage import display_url
-from autotune.search.stop import STOP_ATTR, StopRecord
+from autotune.record.typed import RecordError
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "Parser", "build_parser", "default_run_dir", "main"]
 
@@ -42,6 +42,7 @@ __all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "Parser", "build_parser", "default_
 #: from here, Ray's start and the placement included.
 STARTED = time.monotonic()
 EXIT_USAGE = 2
+R = TypeVar("R")
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
 
@@ -49,7 +50,7 @@ EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM end
 class Parser(argparse.ArgumentParser):
     """argparse's parser whose usage errors are one line and exit 2, like every bad input."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"autotune: error: {message} (see {self.prog} --help)\n")
 
 
@@ -186,6 +187,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _record(study: Any, cls: type[R]) -> R | None:
+    """A record of the study for the summary; None when there is none or it is unreadable
+    (a study from elsewhere may hold anything: the report says what could not be read)."""
+    if study is None:
+        return None
+    try:
+        return load(study, cls)
+    except RecordError:
+        return None
+
+
 def _exported_line(path: Path) -> str:
     """What the exported profile says, in one line: the speedup it stands for and on what."""
     from autotune.profile.profile import Profile
@@ -215,13 +227,13 @@ def _print_summary(console: Any, summary: Any) -> None:
             f"Search     baseline {summary.baseline:.1f} samples/s, best single trial "
             f"{summary.best:.1f} samples/s ({summary.best / summary.baseline:.2f}x)"
         )
-    stop = None if summary.study is None else summary.study.user_attrs.get(STOP_ATTR)
-    with contextlib.suppress(ValueError):  # a study from elsewhere may hold anything there
-        say(f"Stopped    {StopRecord.from_attrs(stop).line().removeprefix('Search stopped ')}")
+    stop = _record(summary.study, StopRecord)
+    if stop is not None:
+        say(f"Stopped    {stop.line().removeprefix('Search stopped ')}")
     if summary.profile_path:
         say(f"Exported   {_exported_line(summary.profile_path)}")
-    limit = None if summary.study is None else summary.study.user_attrs.get(LIMIT_ATTR)
-    if isinstance(limit, dict) and (line := summary_line(limit)):
+    limit = _record(summary.study, LimitRecord)
+    if limit is not None and (line := summary_line(limit.probes())):
         say(f"Limit      {line.removeprefix('Limit: ')}")
     say(f"Storage    {display_url(summary.storage_url)}")
     if summary.profile_path:

@@ -20,7 +20,8 @@ from typing import Any, ClassVar
 
 from autotune.core import allocator
 from autotune.core.errors import ConfigError
-from autotune.core.knobs import KNOBS, UNSET, Target
+from autotune.core.knobs import KNOBS, UNSET
+from autotune.core.target import Target
 
 __all__ = ["TrialConfig"]
 

@@ -20,13 +20,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.core.target import Target
 from autotune.core.values import boolean, int_at_least, int_range, is_int, one_of, positive_number
 
 __all__ = [
     "KNOBS",
     "SECTIONS",
     "Knob",
-    "Target",
     "changed_knobs",
     "illegal_combination",
     "knob",
@@ -45,39 +45,6 @@ NCCL_PROTOS = ("LL", "LL128", "Simple")
 NCCL_NTHREADS = (64, 128, 256, 512)
 #: NCCL documents NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD <= 64.
 MAX_SOCKET_PRODUCT = 64
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Target:
-    """What a search space is resolved against: the backend, the device and the workload."""
-
-    backend: str
-    """Process-group backend of every trial: ``gloo`` (CPU) or ``nccl`` (one GPU per rank)."""
-    device: str
-    """``cpu`` or ``cuda``."""
-    world_size: int
-    """Number of DDP ranks in one trial."""
-    global_batch: int
-    """Samples per optimizer step over all ranks, as the workload declares it."""
-    cpus_per_rank: int
-    """CPU cores available to one rank on its node (the upper bound for ``threads``)."""
-    bf16: bool = False
-    """The device runs bf16 autocast (any CPU; CUDA devices that report bf16 support)."""
-    bf16_native: bool = False
-    """bf16 matmuls run in hardware: a CUDA device that reports bf16 support, or a CPU with
-    AVX512-BF16 or AMX (``hardware.CPU_BF16_FLAGS``). Where not, bf16 autocast on a CPU is
-    legal but slow, and the designed start does not screen it."""
-    tf32: bool = False
-    """The device has TF32 tensor cores (CUDA compute capability 8.0 or newer)."""
-    free_batch: bool = False
-    """``--free-batch``: ``micro_batch`` is the per-rank batch itself (no accumulation), so the
-    global batch changes with it; otherwise accumulation keeps the workload's global batch."""
-    ranks_per_node: int | None = None
-    """Ranks of one trial per node; None: not known (taken as several)."""
-
-    @property
-    def per_rank_batch(self) -> int:
-        return self.global_batch // self.world_size
 
 
 def _nccl(check: Callable[[Any], str | None]) -> Callable[[Any], str | None]:

@@ -1,6 +1,7 @@
 """Search spaces: YAML in Optuna's own distribution shape <-> Optuna distributions.
 
-A space file groups knobs (see ``knobs.py``) by section; each knob is one distribution::
+A space file groups knobs (see ``core.knobs``) by section; each knob is one distribution
+(``definition.distributions``)::
 
     ddp:
       bucket_cap_mb: {type: float, low: 1, high: 400, log: true}
@@ -19,7 +20,6 @@ batch, and the baseline (every knob at its default) is checked to be a point of 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,133 +29,30 @@ import optuna
 from optuna.distributions import (
     BaseDistribution,
     CategoricalDistribution,
-    FloatDistribution,
     IntDistribution,
 )
 
 from autotune.core import safe_yaml as _yaml
 from autotune.core.errors import ConfigError
-from autotune.core.knobs import KNOBS, SECTIONS, Target, illegal_combination
+from autotune.core.knobs import KNOBS, SECTIONS, illegal_combination
+from autotune.core.target import Target
+from autotune.definition.distributions import (
+    contains,
+    distribution_from_yaml,
+    distribution_to_yaml,
+    values_of,
+)
 
 __all__ = [
-    "contains",
     "Dropped",
     "ResolvedSpace",
     "SearchSpace",
     "available_spaces",
-    "distribution_from_yaml",
-    "distribution_to_yaml",
 ]
 
-_DIST_KEYS = ("type", "low", "high", "step", "log", "choices")
 BUILTIN_PACKAGE = "autotune.search_spaces"
 #: Points per continuous dimension when the grid sampler needs a finite grid.
 GRID_POINTS = 5
-
-
-def distribution_from_yaml(spec: Any, *, where: str) -> BaseDistribution:
-    """One ``{type, low, high, step, log, choices}`` mapping -> an Optuna distribution."""
-    if not isinstance(spec, dict):
-        raise ConfigError(
-            f"{where}: expected a mapping like {{type: int, low: 1, high: 8}}, got {spec!r}"
-        )
-    _yaml.check_keys(spec, where=where, allowed=_DIST_KEYS, required=("type",))
-    kind = spec["type"]
-    if kind == "categorical":
-        _yaml.check_keys(spec, where=where, allowed=("type", "choices"), required=("choices",))
-        choices = spec["choices"]
-        if not isinstance(choices, list) or not choices:
-            raise ConfigError(f"{where}: choices must be a non-empty list, got {choices!r}")
-        if len(set(map(repr, choices))) != len(choices):
-            raise ConfigError(f"{where}: choices must not repeat, got {choices!r}")
-        return _optuna_checked(CategoricalDistribution, where, choices=choices)
-    if kind not in ("float", "int"):
-        raise ConfigError(f"{where}: type must be float, int or categorical, got {kind!r}")
-    _yaml.check_keys(
-        spec,
-        where=where,
-        allowed=("type", "low", "high", "step", "log"),
-        required=("low", "high"),
-    )
-    for key in ("low", "high", "step"):
-        v = spec.get(key)
-        if v is not None and (
-            isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-        ):
-            raise ConfigError(f"{where}: {key} must be a finite number, got {v!r}")
-    log = spec.get("log", False)
-    if not isinstance(log, bool):
-        raise ConfigError(f"{where}: log must be true or false, got {log!r}")
-    if kind == "int":
-        for key in ("low", "high", "step"):
-            v = spec.get(key)
-            if v is not None and not float(v).is_integer():
-                raise ConfigError(f"{where}: an int dimension needs whole numbers, {key}={v!r}")
-        return _optuna_checked(
-            IntDistribution,
-            where,
-            low=int(spec["low"]),
-            high=int(spec["high"]),
-            log=log,
-            step=int(spec.get("step") or 1),
-        )
-    return _optuna_checked(
-        FloatDistribution,
-        where,
-        low=float(spec["low"]),
-        high=float(spec["high"]),
-        log=log,
-        step=None if spec.get("step") is None else float(spec["step"]),
-    )
-
-
-def _optuna_checked(cls: type[BaseDistribution], where: str, **kwargs: Any) -> BaseDistribution:
-    """Let Optuna check the bounds; its message already states the rule and the values."""
-    try:
-        return cls(**kwargs)
-    except ValueError as e:
-        msg = " ".join(str(e).split())
-        raise ConfigError(f"{where}: {msg}") from None
-
-
-def distribution_to_yaml(dist: BaseDistribution) -> dict[str, Any]:
-    """The inverse of distribution_from_yaml: the smallest mapping that loads back equal."""
-    if isinstance(dist, CategoricalDistribution):
-        return {"type": "categorical", "choices": list(dist.choices)}
-    if isinstance(dist, (IntDistribution, FloatDistribution)):
-        kind = "int" if isinstance(dist, IntDistribution) else "float"
-        out: dict[str, Any] = {"type": kind, "low": dist.low, "high": dist.high}
-        if dist.log:
-            out["log"] = True
-        if dist.step is not None and not (kind == "int" and dist.step == 1):
-            out["step"] = dist.step
-        return out
-    raise TypeError(f"unsupported distribution {dist!r}")
-
-
-def contains(dist: BaseDistribution, value: Any) -> bool:
-    """Whether ``value`` is one of ``dist``'s values."""
-    if isinstance(dist, CategoricalDistribution):
-        return any(type(c) is type(value) and c == value for c in dist.choices)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    if not dist.low <= value <= dist.high:
-        return False
-    step = dist.step
-    return step is None or math.isclose((value - dist.low) / step, round((value - dist.low) / step))
-
-
-def _values(dist: BaseDistribution) -> list[Any] | None:
-    """Every value of a finite distribution, or None when there are too many to list."""
-    if isinstance(dist, CategoricalDistribution):
-        return list(dist.choices)
-    if isinstance(dist, IntDistribution):
-        n = (dist.high - dist.low) // dist.step + 1
-        return list(range(dist.low, dist.high + 1, dist.step)) if n <= 64 else None
-    if dist.step is not None:
-        n = int(round((dist.high - dist.low) / dist.step)) + 1
-        return [dist.low + i * dist.step for i in range(n)] if n <= 64 else None
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +131,7 @@ class SearchSpace:
             micro = name == "micro_batch" and isinstance(dist, CategoricalDistribution)
             if micro and not contains(dist, default):  # accumulation 1 is always a candidate
                 dist = CategoricalDistribution(sorted([*dist.choices, default]))
-            values = _values(dist)
+            values = values_of(dist)
             if values is not None and len(values) == 1:
                 dropped.append(Dropped(name, f"only {values[0]!r} is possible here"))
                 continue
@@ -273,7 +170,7 @@ def _drop_choices(
 ) -> tuple[BaseDistribution, list[Dropped]]:
     knob = KNOBS[name]
     if name == "micro_batch" and not isinstance(dist, CategoricalDistribution):
-        values = _values(dist) or [
+        values = values_of(dist) or [
             d for d in range(1, target.per_rank_batch + 1) if dist.low <= d <= dist.high
         ]
         dist = CategoricalDistribution(values)
@@ -365,7 +262,7 @@ class ResolvedSpace:
         grid: dict[str, list[Any]] = {}
         defaults = self.defaults()
         for name, dist in self.distributions.items():
-            values = _values(dist)
+            values = values_of(dist)
             if values is None or len(values) > 16:
                 values = _spread(dist)
                 if defaults[name] not in values:

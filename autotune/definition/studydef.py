@@ -17,19 +17,18 @@ from autotune.core import safe_yaml as _yaml
 from autotune.core.config import MeasureSettings
 from autotune.core.numerics import DEFAULT_TOLERANCE
 from autotune.definition import settings
-from autotune.definition.settings import (
+from autotune.definition.kinds import (
     DURATION,
     SIZE,
     Choice,
     Nested,
     Number,
     Options,
-    SettingError,
     Switch,
     Text,
     Whole,
-    setting,
 )
+from autotune.definition.settings import SettingError, setting
 
 __all__ = [
     "BACKENDS",

@@ -215,15 +215,42 @@ def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayC
 
     if ray.is_initialized():
         return RayConnection(address=address, started_here=False, owned=False)
+    address, from_env = _resolve_address(address)
+    # A cluster whose head listens on loopback (a local `ray start --head` like autotune's own
+    # local instance) is joined with this node's IP as 127.0.0.1 too: Ray looks for the node's
+    # raylet at the driver's node IP.
+    loopback = address is None or _is_loopback(_check_reachable(address, from_env))
+    kwargs = _init_kwargs(address, extra_pythonpath)
+    owner = f"{os.getpid()}-{uuid.uuid4().hex}" if address is None else None
+    try:
+        with _marked(owner):  # inherited by everything the instance starts
+            _init(address, kwargs, loopback, owner)
+    except SystemExit as e:  # ray.init's own SIGTERM handler exits with the signal's number
+        if e.code == signal.SIGTERM:
+            Terminated.received = True
+            raise Terminated() from None
+        raise
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise _refused(e, address, from_env) from None
+    return RayConnection(
+        address=address, started_here=address is None, from_env=from_env, owner=owner
+    )
+
+
+def _resolve_address(address: str | None) -> tuple[str | None, bool]:
+    """The address to join (None: start a local instance), and whether it came from
+    ``RAY_ADDRESS``."""
     # RAY_ADDRESS, which Ray's own tools set (`ray job submit`, a `ray start` node's shell),
     # joins like --address; the flag wins when both are given.
     from_env = address is None and bool(os.environ.get("RAY_ADDRESS", "").strip())
     if from_env:
         address = os.environ["RAY_ADDRESS"].strip()
-    # A cluster whose head listens on loopback (a local `ray start --head` like autotune's own
-    # local instance) is joined with this node's IP as 127.0.0.1 too: Ray looks for the node's
-    # raylet at the driver's node IP.
-    loopback = address is None or _is_loopback(_check_reachable(address, from_env))
+    return address, from_env
+
+
+def _init_kwargs(address: str | None, extra_pythonpath: str | None) -> dict[str, Any]:
+    """``ray.init``'s arguments: quiet, and for a local instance no dashboard and the
+    ``extra_pythonpath`` in its workers' ``PYTHONPATH``."""
     env_vars: dict[str, str] = {}
     if address is None and extra_pythonpath:
         env_vars["PYTHONPATH"] = os.pathsep.join(
@@ -238,41 +265,50 @@ def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayC
         kwargs["runtime_env"] = {"env_vars": env_vars}
     if address is None:
         kwargs["include_dashboard"] = False
-    owner = f"{os.getpid()}-{uuid.uuid4().hex}" if address is None else None
+    return kwargs
+
+
+@contextlib.contextmanager
+def _marked(owner: str | None) -> Iterator[None]:
+    """``OWNER_ENV`` set to ``owner`` in this process's environment (so in every process
+    started meanwhile), then restored; nothing is set when ``owner`` is None."""
     before = os.environ.get(OWNER_ENV)
     try:
-        if owner is not None:  # inherited by everything the instance starts
+        if owner is not None:
             os.environ[OWNER_ENV] = owner
-        try:
-            # "local": always a new instance, even where a `ray start` cluster exists (Ray
-            # would join it on address=None); --address or RAY_ADDRESS is how to join one.
-            # Its node IP is 127.0.0.1, so nothing of it listens beyond loopback.
-            with loopback_node_ip() if loopback else contextlib.nullcontext():
-                ray.init(address=address or "local", **kwargs)
-        except BaseException:  # a start that failed or was interrupted leaves nothing
-            if owner is not None:
-                _reap(owner)
-            raise
-    except SystemExit as e:  # ray.init's own SIGTERM handler exits with the signal's number
-        if e.code == signal.SIGTERM:
-            Terminated.received = True
-            raise Terminated() from None
-        raise
-    except (ConnectionError, RuntimeError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(
-            f"{_address_flag(str(address), from_env)}: Ray would not connect ({first}); if the "
-            f"cluster uses token authentication, set RAY_AUTH_MODE=token and make its token "
-            f"available, else start one with `ray start --head` or "
-            f"{_leave(from_env)}"
-        ) from None
+        yield
     finally:
         if before is None:
             os.environ.pop(OWNER_ENV, None)
         else:
             os.environ[OWNER_ENV] = before
-    return RayConnection(
-        address=address, started_here=address is None, from_env=from_env, owner=owner
+
+
+def _init(address: str | None, kwargs: dict[str, Any], loopback: bool, owner: str | None) -> None:
+    """``ray.init``; a start that fails or is interrupted leaves no process of a local
+    instance (``owner``) behind."""
+    import ray
+
+    try:
+        # "local": always a new instance, even where a `ray start` cluster exists (Ray
+        # would join it on address=None); --address or RAY_ADDRESS is how to join one.
+        # Its node IP is 127.0.0.1, so nothing of it listens beyond loopback.
+        with loopback_node_ip() if loopback else contextlib.nullcontext():
+            ray.init(address=address or "local", **kwargs)
+    except BaseException:  # a start that failed or was interrupted leaves nothing
+        if owner is not None:
+            _reap(owner)
+        raise
+
+
+def _refused(e: Exception, address: str | None, from_env: bool) -> ConfigError:
+    """The one-line error for a Ray that would not connect, naming its first line."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return ConfigError(
+        f"{_address_flag(str(address), from_env)}: Ray would not connect ({first}); if the "
+        f"cluster uses token authentication, set RAY_AUTH_MODE=token and make its token "
+        f"available, else start one with `ray start --head` or "
+        f"{_leave(from_env)}"
     )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from autotune.core.config import MeasureSettings, TrialConfig
@@ -200,9 +201,6 @@ class TrialRunner:
         """Run one trial; raises TrialFailed with the reason when it produces no result. With
         ``log_dir``, each rank's output goes to ``log_dir/rank-N.log`` for the trial; with
         ``limit``, the ranks run the limit probe (``RankSpec.limit``) instead of windows."""
-        import ray
-        import ray.exceptions as rex
-
         self.ensure_placed()
         started = time.monotonic()
         deadline = started + timeout_s
@@ -210,49 +208,26 @@ class TrialRunner:
         try:
             addr, port = self.pool.ready(config.env, deadline)
             nodes = self._bundle_nodes()
-            local = local_ranks(nodes, self.world_size)
-            actors = self.pool.actors
-            refs = {
-                actors[i].run.remote(
-                    RankSpec(
-                        trial=trial,
-                        rank=i,
-                        world_size=self.world_size,
-                        backend=self.backend,
-                        master_addr=addr,
-                        master_port=port,
-                        trainer=trainer,
-                        trainer_options=trainer_options,
-                        config=config,
-                        measure=measure,
-                        seed=seed,
-                        timeout_s=timeout_s,
-                        max_memory_mb=max_memory_mb,
-                        incumbent=None if incumbent is None else incumbent.to_dict(),
-                        local_rank=local[i][0],
-                        local_world_size=local[i][1],
-                        log_dir=log_dir,
-                        limit=limit,
-                    )
-                ): i
-                for i in range(self.world_size)
-            }
-            results: list[RankResult] = []
-            pending = list(refs)
-            while pending:
-                left = deadline - time.monotonic()
-                done, pending = ray.wait(pending, num_returns=1, timeout=max(left, 0))
-                if not done:
-                    stuck = sorted(refs[r] for r in pending)
-                    raise TrialFailed(
-                        FailureReason.TIMEOUT,
-                        f"no result after {timeout_s:.0f}s from rank(s) {stuck}",
-                    )
-                try:
-                    results.append(ray.get(done[0]))
-                except rex.RayError as e:
-                    first = classify(refs[done[0]], e)
-                    raise self._root_cause(first, pending, refs, nodes) from None
+            spec = RankSpec(
+                trial=trial,
+                rank=0,  # each rank's own (and its local rank): _start_ranks
+                world_size=self.world_size,
+                backend=self.backend,
+                master_addr=addr,
+                master_port=port,
+                trainer=trainer,
+                trainer_options=trainer_options,
+                config=config,
+                measure=measure,
+                seed=seed,
+                timeout_s=timeout_s,
+                max_memory_mb=max_memory_mb,
+                incumbent=None if incumbent is None else incumbent.to_dict(),
+                log_dir=log_dir,
+                limit=limit,
+            )
+            refs = self._start_ranks(spec, nodes)
+            results = self._results(refs, nodes, deadline, timeout_s)
             keep = self.reuse
         finally:
             # Any failure (crash, timeout, nan, oom, node lost, Ctrl-C) kills every rank, and
@@ -261,6 +236,44 @@ class TrialRunner:
                 self.pool.drop()
         results.sort(key=lambda r: r.rank)
         return TrialResult(ranks=results, wall_s=time.monotonic() - started)
+
+    def _start_ranks(self, spec: RankSpec, nodes: dict[int, str]) -> dict[Any, int]:
+        """Start ``spec`` on every pooled rank, each with its own rank and local rank (from
+        ``nodes``: rank -> node id); each rank's result ref -> its rank."""
+        local = local_ranks(nodes, self.world_size)
+        actors = self.pool.actors
+        return {
+            actors[i].run.remote(
+                replace(spec, rank=i, local_rank=local[i][0], local_world_size=local[i][1])
+            ): i
+            for i in range(self.world_size)
+        }
+
+    def _results(
+        self, refs: dict[Any, int], nodes: dict[int, str], deadline: float, timeout_s: float
+    ) -> list[RankResult]:
+        """Every rank's result, as they come, by ``deadline``: a rank that fails fails the
+        trial (``_root_cause``), one with no result by then fails it with ``timeout``."""
+        import ray
+        import ray.exceptions as rex
+
+        results: list[RankResult] = []
+        pending = list(refs)
+        while pending:
+            left = deadline - time.monotonic()
+            done, pending = ray.wait(pending, num_returns=1, timeout=max(left, 0))
+            if not done:
+                stuck = sorted(refs[r] for r in pending)
+                raise TrialFailed(
+                    FailureReason.TIMEOUT,
+                    f"no result after {timeout_s:.0f}s from rank(s) {stuck}",
+                )
+            try:
+                results.append(ray.get(done[0]))
+            except rex.RayError as e:
+                first = classify(refs[done[0]], e)
+                raise self._root_cause(first, pending, refs, nodes) from None
+        return results
 
     def _root_cause(
         self,

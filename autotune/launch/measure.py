@@ -1,7 +1,15 @@
-"""One real run of a configuration with the study's workload and measurement settings, on the
-placement group of the calling thread.
+"""Measuring a configuration: what the search asks of it (``Measurer``), and the real one
+(``RayMeasurer``).
 
-``Measurer`` is shared by the objective (search trials, one thread per concurrent trial) and
+``Measurer`` is a Protocol: one run of a configuration, on the placement of the calling
+thread, returning its ``TrialResult``. The search (``search.loop``), its objective, the first
+measurement, re-validation, ablation and the limit probe ask only that of it. Two
+implementations: ``RayMeasurer`` runs the study's workload with its measurement settings on the
+run's Ray placement groups (``tuner.run``); ``autotune.replay.simulate.ReplayMeasurer`` draws
+recorded runs of a landscape on a simulated clock (the replay benchmark). Both are called in
+the driver process; only what ``RayMeasurer`` sends to the ranks crosses to Ray.
+
+``RayMeasurer`` is shared by the objective (search trials, one thread per concurrent trial) and
 re-validation (the main thread, always on the first placement group, so its comparisons never
 mix node differences). Each search thread says which runner it uses (``use``); a thread that
 said nothing uses the first.
@@ -11,8 +19,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import optuna
 
@@ -21,9 +30,17 @@ from autotune.core.stats import Interval
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.launcher import TrialRunner
 from autotune.launch.results import TrialResult
+from autotune.record import trial as tr
 from autotune.record.study import baseline_trial
 
-__all__ = ["BASELINE_TIMEOUT_S", "TIMEOUT_FACTOR", "TIMEOUT_FLOOR_S", "Measurer"]
+__all__ = [
+    "BASELINE_TIMEOUT_S",
+    "TIMEOUT_FACTOR",
+    "TIMEOUT_FLOOR_S",
+    "Measurer",
+    "Placement",
+    "RayMeasurer",
+]
 
 #: Timeout of the baseline trial when none is set (later trials derive theirs from it).
 BASELINE_TIMEOUT_S = 300.0
@@ -32,8 +49,48 @@ TIMEOUT_FLOOR_S = 30.0
 TIMEOUT_FACTOR = 4.0
 
 
-class Measurer:
-    """Measures configurations of ``study``'s workload on ``runners``."""
+class Placement(Protocol):
+    """Where a search thread's trials run: one placement group (``launcher.TrialRunner``), or
+    the replay's stand-in for one."""
+
+    def ensure_placed(self) -> None:
+        """Before each trial: wait until the placement is there again after a node loss, or
+        stop."""
+
+
+class Measurer(Protocol):
+    """What the search asks of a measurement (module doc)."""
+
+    @property
+    def runners(self) -> Sequence[Placement]:
+        """The placements trials run on: one search thread each."""
+
+    @property
+    def can_probe(self) -> bool:
+        """Whether the limit probe (``limit=``) can run."""
+
+    def use(self, runner: Placement) -> None:
+        """The calling thread's trials run on ``runner`` (one of ``runners``) from now on."""
+
+    def abort(self) -> None:
+        """End every running trial now (Ctrl-C, from the main thread)."""
+
+    def __call__(
+        self,
+        number: int,
+        config: TrialConfig,
+        incumbent: Interval | None = None,
+        measure: MeasureSettings | None = None,
+        log_dir: Path | None = None,
+        limit: dict[str, Any] | None = None,
+    ) -> TrialResult:
+        """One run of ``config`` (trial ``number``), pruned below ``incumbent``, with
+        ``measure`` (None: the study's settings), its output in ``log_dir``; with ``limit``,
+        the limit probe. Raises ``TrialFailed``."""
+
+
+class RayMeasurer:
+    """Measures configurations of ``study``'s workload on ``runners`` (a ``Measurer``)."""
 
     def __init__(
         self, *, study: optuna.Study, runners: list[TrialRunner], definition: StudyDefinition
@@ -53,8 +110,8 @@ class Measurer:
         """The runner of the calling thread (the first one when it chose none)."""
         return getattr(self._local, "runner", self.runners[0])
 
-    def use(self, runner: TrialRunner) -> None:
-        """The calling thread's trials run on ``runner`` from now on."""
+    def use(self, runner: Placement) -> None:
+        """The calling thread's trials run on ``runner`` (one of ``runners``) from now on."""
         self._local.runner = runner
 
     def abort(self) -> None:
@@ -68,9 +125,10 @@ class Measurer:
         if self.d.trial_timeout_s is not None:
             return self.d.trial_timeout_s
         base = baseline_trial(self.study)
-        if base is None or "wall_s" not in base.user_attrs:
+        wall_s = None if base is None else tr.measured(base, "wall_s")
+        if wall_s is None:
             return BASELINE_TIMEOUT_S
-        return max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * base.user_attrs["wall_s"])
+        return max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * wall_s)
 
     def __call__(
         self,

@@ -232,14 +232,15 @@ class Evidence:
         )
 
     # -- what a change can gain ----------------------------------------------------------
-    def _speedup(self, saved_s: float) -> float:
+    def speedup_if_saved(self, saved_s: float) -> float:
+        """The step's speedup if it saved ``saved_s`` seconds."""
         return self.step_s / max(self.step_s - max(saved_s, 0.0), 1e-12)
 
     def compressed(self) -> float:
         """A hook that halves the bytes (fp16, bf16)."""
         if self.world_size < 2:
             return 1.0
-        return self._speedup(min(self.exposed_s, self.bandwidth_s / 2))
+        return self.speedup_if_saved(min(self.exposed_s, self.bandwidth_s / 2))
 
     def fewer_messages(self, bucket_mb: float) -> float:
         """Larger buckets: the latency of the messages they merge (at the smallest message's
@@ -248,7 +249,7 @@ class Evidence:
             return 1.0
         merged = max(1, math.ceil(self.grad_bytes / (bucket_mb * 2**20)) + 1)  # + DDP's first
         saved = max(self.buckets - merged, 0) * self.smallest_s
-        return self._speedup(min(self.exposed_s, saved))
+        return self.speedup_if_saved(min(self.exposed_s, saved))
 
     def more_overlap(self) -> float:
         """Smaller buckets: at most what sticks out beyond the overlappable backward."""
@@ -256,7 +257,7 @@ class Evidence:
             return 1.0
         overlappable = self.backward_s / self.accumulation_steps
         floor = max(self.comm_s - overlappable, 0.0)
-        return self._speedup(self.exposed_s - floor)
+        return self.speedup_if_saved(self.exposed_s - floor)
 
     def faster_compute(self) -> float:
         """Lower precision: forward and backward ``PRECISION_SPEEDUP`` times faster at most;
@@ -265,11 +266,11 @@ class Evidence:
         backward = self.backward_s / f
         saved = (self.forward_s + self.backward_s) * (1 - 1 / f)
         unhidden = max(self.hidden_s - backward, 0.0)
-        return self._speedup(saved - unhidden)
+        return self.speedup_if_saved(saved - unhidden)
 
     def off_the_loop(self) -> float:
         """DataLoader workers: the data phase off the training loop at most."""
-        return self._speedup(self.data_s)
+        return self.speedup_if_saved(self.data_s)
 
 
 def expected_gain(moves: dict[str, Any], ev: Evidence) -> float | None:

@@ -35,6 +35,7 @@ screening measured as no gain. The defaults are probed once, right after the bas
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,9 @@ import optuna
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialFailed
-from autotune.limit.evidence import COMM_BOUND_SHARE, DATA_BOUND_SHARE, FIRST_ATTR, Evidence
+from autotune.limit.evidence import COMM_BOUND_SHARE, DATA_BOUND_SHARE, Evidence
+from autotune.record.attrs import ATTRS, FirstMeasurement, LimitRecord, load, save
+from autotune.record.typed import RecordError
 from autotune.report.events import Emit, Note
 
 __all__ = [
@@ -57,7 +60,7 @@ __all__ = [
 ]
 
 #: The study's user attribute holding the last limit measurement.
-LIMIT_ATTR = "limit"
+LIMIT_ATTR = ATTRS[LimitRecord]
 #: All-reduce rounds of the communication-only measurement (after one unmeasured round).
 COMM_REPEATS = 3
 #: The least optimistic gain (``autotune.limit.evidence``) worth naming as the next step.
@@ -119,6 +122,27 @@ def next_step(
     the run did not measure as no gain (``ruled_out``: knob names, e.g. ``comm_hook``)."""
     ev = Evidence.from_probe(record, device=device, noise=0.0)
     step = ev.step_s
+    comm_bound = ev.world_size > 1 and ev.exposed_s >= COMM_BOUND_SHARE * step
+    options = [
+        o
+        for o in _untried(ev, config, free_batch=free_batch, comm_bound=comm_bound)
+        if o[1] not in ruled_out
+    ]
+    best = max(options, default=None, key=lambda o: o[0])
+    if best is not None and best[0] >= WORTH:
+        return f"{best[2]}, up to {best[0]:.2f}x"
+    if comm_bound:
+        return "a faster link: the all-reduce is the bottleneck and no DDP setting left shortens it"
+    if ev.data_s >= DATA_BOUND_SHARE * step:
+        return "a faster data pipeline than DataLoader settings give"
+    return "compute-bound: little left for DDP settings to win; a faster device"
+
+
+def _untried(
+    ev: Evidence, config: TrialConfig, *, free_batch: bool, comm_bound: bool
+) -> list[tuple[float, str, str]]:
+    """The knob families ``config`` has not moved yet, each as (its optimistic gain on this
+    step, the knob it moves, what to call it)."""
     options: list[tuple[float, str, str]] = []
     if config.comm_hook.get("name", "none") == "none":
         options.append(
@@ -149,24 +173,15 @@ def next_step(
         )
     if config.precision == "fp32":
         options.append((ev.faster_compute(), "precision", "lower precision (bf16, TF32)"))
-    comm_bound = ev.world_size > 1 and ev.exposed_s >= COMM_BOUND_SHARE * step
     if free_batch and config.accumulation_steps == 1 and comm_bound:
         options.append(
             (
-                ev._speedup(ev.exposed_s / 2),
+                ev.speedup_if_saved(ev.exposed_s / 2),
                 "micro_batch",
                 "accumulation (more samples per all-reduce)",
             )
         )
-    options = [o for o in options if o[1] not in ruled_out]
-    best = max(options, default=None, key=lambda o: o[0])
-    if best is not None and best[0] >= WORTH:
-        return f"{best[2]}, up to {best[0]:.2f}x"
-    if comm_bound:
-        return "a faster link: the all-reduce is the bottleneck and no DDP setting left shortens it"
-    if ev.data_s >= DATA_BOUND_SHARE * step:
-        return "a faster data pipeline than DataLoader settings give"
-    return "compute-bound: little left for DDP settings to win; a faster device"
+    return options
 
 
 def summary_line(limit: dict[str, Any]) -> str | None:
@@ -254,13 +269,13 @@ def measure_limit(
 ) -> dict[str, Any]:
     """Probe each of ``configs`` (``baseline``, ``tuned``; trial numbers in ``trials``) with
     ``measure`` (a ``Measurer``), record the result on ``study`` and return it. The defaults'
-    probe of the first measurement (``limit.evidence.FIRST_ATTR``), when the study holds one, is
+    probe of the first measurement (``record.attrs.FirstMeasurement``), when the study holds one, is
     not taken again. A probe that fails is recorded with its reason and said; the others
     still run."""
-    first = study.user_attrs.get(FIRST_ATTR)
     known = {}
-    if isinstance(first, dict) and isinstance(first.get("probe"), dict):
-        known["baseline"] = first["probe"]
+    with contextlib.suppress(RecordError):  # unreadable: the defaults are probed again
+        if (first := load(study, FirstMeasurement)) is not None:
+            known["baseline"] = first.probe
     started = time.monotonic()
     if trace_dir is not None:
         trace_dir.mkdir(parents=True, exist_ok=True)
@@ -288,7 +303,8 @@ def measure_limit(
         except TrialFailed as e:
             out[label] = {"trial": trials[label], "failed": f"{e.reason.value}: {e.detail}"}
     out["cost_s"] = round(time.monotonic() - started, 2)
-    study.set_user_attr(LIMIT_ATTR, out)
+    save(study, LimitRecord(baseline=out.get("baseline"), tuned=out.get("tuned"),
+                            cost_s=out["cost_s"]))  # fmt: skip
     failed = [
         f"{k}: {v['failed']}" for k, v in out.items() if isinstance(v, dict) and "failed" in v
     ]

@@ -93,6 +93,51 @@ def _batches(loader: Any, sampler: Any) -> Iterator[Any]:
         epoch += 1
 
 
+@dataclass(eq=False)
+class _PhaseClock:
+    """Adds each phase of one step to ``phases`` (module doc): on the host clock on a CPU, from
+    CUDA events read once the step is done (``finish``) on a GPU; nothing without ``phases``."""
+
+    phases: dict[str, float] | None
+    cuda: bool
+    last: float = 0.0
+    events: list[tuple[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, phases: dict[str, float] | None, cuda: bool) -> _PhaseClock:
+        clock = cls(phases, cuda, last=time.perf_counter() if phases is not None else 0.0)
+        # On a GPU each phase edge is an event on the stream, read after the step: a host
+        # synchronisation at every edge would stop the host from running ahead of the device
+        # (it cost a third of an H100 transformer's throughput).
+        if phases is not None and cuda:
+            clock._record("")
+        return clock
+
+    def _record(self, phase: str) -> None:
+        import torch
+
+        self.events.append((phase, torch.cuda.Event(enable_timing=True)))
+        self.events[-1][1].record()
+
+    def mark(self, phase: str) -> None:
+        """``phase`` ends now."""
+        if self.phases is None:
+            return
+        if self.cuda:
+            self._record(phase)
+            return
+        now = time.perf_counter()
+        self.phases[phase] = self.phases.get(phase, 0.0) + now - self.last
+        self.last = now
+
+    def finish(self) -> None:
+        """Read the step's events into ``phases`` (on a GPU; nothing to do on a CPU)."""
+        if self.events and self.phases is not None:  # events: timing phases on a GPU
+            self.events[-1][1].synchronize()
+            for (_, start), (phase, end) in zip(self.events, self.events[1:], strict=False):
+                self.phases[phase] = self.phases.get(phase, 0.0) + start.elapsed_time(end) / 1e3
+
+
 @dataclass(eq=False, kw_only=True)
 class Session:
     """One rank's training objects for one trial (built by ``open_session``)."""
@@ -141,67 +186,47 @@ class Session:
         added to it (module doc)."""
         import torch
 
-        cfg, spec, wl = self.spec.config, self.spec, self.workload
-        accum = cfg.accumulation_steps
         model = self.ddp if communicate else self.ddp.module
-        last = time.perf_counter() if phases is not None else 0.0
-        # On a GPU each phase edge is an event on the stream, read after the step: a host
-        # synchronisation at every edge would stop the host from running ahead of the device
-        # (it cost a third of an H100 transformer's throughput).
-        events: list[tuple[str, Any]] = []
-        if phases is not None and self.cuda:
-            events.append(("", torch.cuda.Event(enable_timing=True)))
-            events[-1][1].record()
-
-        def mark(phase: str) -> None:
-            nonlocal last
-            if phases is None:
-                return
-            if self.cuda:
-                events.append((phase, torch.cuda.Event(enable_timing=True)))
-                events[-1][1].record()
-                return
-            now = time.perf_counter()
-            phases[phase] = phases.get(phase, 0.0) + now - last
-            last = now
-
+        clock = _PhaseClock.start(phases, self.cuda)
         total = torch.zeros((), device=self.device)
-        for micro in range(accum):
-            x, y = next(self.batches)
-            x = x.to(self.device, non_blocking=True)
-            y = y.to(self.device, non_blocking=True)
-            mark("data")
-            # All-reduce only on the last micro-step.
-            reduce = (
-                apply.micro_step(self.ddp, micro, accum)
-                if communicate
-                else contextlib.nullcontext()
-            )
-            with reduce:
-                with apply.autocast(cfg.precision, self.device.type):
-                    loss = wl.loss(model(x), y) / accum
-                self.peak_rss = max(self.peak_rss, rss_mb())  # activations held for backward
-                mark("forward")
-                self.scaler.scale(loss).backward()
-                mark("backward")
-            total += loss.detach().float()
+        for micro in range(self.spec.config.accumulation_steps):
+            total += self._micro_step(micro, model, clock, communicate=communicate)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.peak_rss = max(self.peak_rss, rss_mb())  # params, grads, optimizer state, all alive
         self.optimizer.zero_grad(set_to_none=True)
-        mark("optimizer")
-        if events:  # recorded only when timing phases on a GPU
-            events[-1][1].synchronize()
-            for (_, start), (phase, end) in zip(events, events[1:], strict=False):
-                phases[phase] = phases.get(phase, 0.0) + start.elapsed_time(end) / 1e3
+        clock.mark("optimizer")
+        clock.finish()
         if len(self.curve) < CURVE_STEPS:
             self.curve.append(total)
-        if spec.max_memory_mb is not None and self.peak_rss > spec.max_memory_mb:
+        max_mb = self.spec.max_memory_mb
+        if max_mb is not None and self.peak_rss > max_mb:
             raise MemoryLimitExceeded(
-                f"peak host memory {self.peak_rss:.0f} MiB is over --max-memory "
-                f"{spec.max_memory_mb:.0f} MiB"
+                f"peak host memory {self.peak_rss:.0f} MiB is over --max-memory {max_mb:.0f} MiB"
             )
         return total
+
+    def _micro_step(self, micro: int, model: Any, clock: _PhaseClock, *, communicate: bool) -> Any:
+        """Forward and backward of micro-step ``micro`` through ``model`` (DDP, or the bare
+        model); its share of the step's loss (a detached float tensor)."""
+        cfg = self.spec.config
+        accum = cfg.accumulation_steps
+        x, y = next(self.batches)
+        x = x.to(self.device, non_blocking=True)
+        y = y.to(self.device, non_blocking=True)
+        clock.mark("data")
+        # All-reduce only on the last micro-step.
+        reduce = (
+            apply.micro_step(self.ddp, micro, accum) if communicate else contextlib.nullcontext()
+        )
+        with reduce:
+            with apply.autocast(cfg.precision, self.device.type):
+                loss = self.workload.loss(model(x), y) / accum
+            self.peak_rss = max(self.peak_rss, rss_mb())  # activations held for backward
+            clock.mark("forward")
+            self.scaler.scale(loss).backward()
+            clock.mark("backward")
+        return loss.detach().float()
 
 
 @contextlib.contextmanager
@@ -209,11 +234,20 @@ def open_session(spec: RankSpec, store: Any) -> Iterator[Session]:
     """The rank's process group and training objects for ``spec``; the process group is
     destroyed on the way out, whatever happened. ``store``: rank 0's ``TCPStore``, already
     listening at ``master_port`` (others connect to it; without one, rank 0 starts it here)."""
-    import torch
     import torch.distributed as dist
-    from torch.utils.data import DataLoader, DistributedSampler
 
-    from autotune.rank.workload import load_workload
+    device = _prepare_process(spec)
+    _init_group(spec, store)
+    try:
+        yield _build(spec, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def _prepare_process(spec: RankSpec) -> Any:
+    """Set this process up as torchrun would for ``spec``: its variables, threads, device and
+    precision flags, before any of the trainer's code runs; the rank's device."""
+    import torch
 
     cfg = spec.config
     # torchrun's variables, before any of the trainer's code runs
@@ -227,6 +261,13 @@ def open_session(spec: RankSpec, store: Any) -> Iterator[Session]:
         torch.cuda.set_device(device)
         torch.cuda.reset_peak_memory_stats(device)
     apply.set_tf32(cfg.precision == "tf32")
+    return device
+
+
+def _init_group(spec: RankSpec, store: Any) -> None:
+    """Join the trial's process group through rank 0's ``store`` (started or connected to
+    here when None), and keep it in ``LAST_GROUP``."""
+    import torch.distributed as dist
 
     timeout = timedelta(seconds=spec.timeout_s)
     if store is None and spec.rank == 0:  # RankActor.address starts it ahead, else here
@@ -241,34 +282,43 @@ def open_session(spec: RankSpec, store: Any) -> Iterator[Session]:
         spec.backend, store=store, rank=spec.rank, world_size=spec.world_size, timeout=timeout
     )
     LAST_GROUP.append(dist.group.WORLD)
-    try:
-        wl = load_workload(spec.trainer, spec.trainer_options)
-        torch.manual_seed(spec.seed)
-        model = wl.model().to(device)
-        ddp = apply.wrap(model, cfg.ddp, cfg.comm_hook, device_ids=[0] if cuda else None)
-        optimizer = wl.optimizer(ddp.parameters())
-        sampler = DistributedSampler(
-            wl.dataset,
-            num_replicas=spec.world_size,
-            rank=spec.rank,
-            seed=spec.seed,
-            drop_last=True,
-        )
-        loader = DataLoader(
-            wl.dataset,
-            sampler=sampler,
-            drop_last=True,
-            **apply.dataloader_kwargs(cfg.micro_batch, cfg.data),
-        )
-        yield Session(
-            spec=spec,
-            device=device,
-            workload=wl,
-            ddp=ddp,
-            optimizer=optimizer,
-            loader=loader,
-            batches=_batches(loader, sampler),
-            scaler=apply.grad_scaler(cfg.precision, device.type),
-        )
-    finally:
-        dist.destroy_process_group()
+
+
+def _build(spec: RankSpec, device: Any) -> Session:
+    """The trainer's workload on ``device``, wrapped in DDP with the trial's settings, its
+    optimizer, DataLoader and scaler."""
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from autotune.rank.workload import load_workload
+
+    cfg = spec.config
+    wl = load_workload(spec.trainer, spec.trainer_options)
+    torch.manual_seed(spec.seed)
+    model = wl.model().to(device)
+    cuda = spec.backend == "nccl"
+    ddp = apply.wrap(model, cfg.ddp, cfg.comm_hook, device_ids=[0] if cuda else None)
+    optimizer = wl.optimizer(ddp.parameters())
+    sampler = DistributedSampler(
+        wl.dataset,
+        num_replicas=spec.world_size,
+        rank=spec.rank,
+        seed=spec.seed,
+        drop_last=True,
+    )
+    loader = DataLoader(
+        wl.dataset,
+        sampler=sampler,
+        drop_last=True,
+        **apply.dataloader_kwargs(cfg.micro_batch, cfg.data),
+    )
+    return Session(
+        spec=spec,
+        device=device,
+        workload=wl,
+        ddp=ddp,
+        optimizer=optimizer,
+        loader=loader,
+        batches=_batches(loader, sampler),
+        scaler=apply.grad_scaler(cfg.precision, device.type),
+    )

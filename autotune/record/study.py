@@ -1,22 +1,13 @@
-"""What autotune stores on an Optuna study, and how to read it back: the only module that knows
-the study's attribute layout.
-
-Study user attributes:
-
-* ``autotune``: the run's record (``version``, ``workload``, ``hardware``, ``space``,
-  ``left_out``); a study without it is not an autotune study;
-* ``validation``: the last re-validation (``validation.revalidate``).
-
-Trial user attributes: ``baseline`` (True on a baseline trial), ``driver`` (who runs it),
-``config`` (the ``TrialConfig``), the measurement (``measurement_attrs``), and on FAIL trials
-``reason`` (a ``FailureReason`` value) and ``reason_detail``.
+"""The study as a record: opening or resuming the Optuna study of a run, and the questions
+the rest of the driver asks of it (which trials ran the defaults, the nearest of them to a
+trial, the incumbent, counts). What is stored where: ``record.attrs`` (the study-level
+records), ``record.trial`` (a trial's attributes).
 
 Readers may run in any thread; writers write through Optuna's storage, which serialises them.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import warnings
@@ -26,13 +17,14 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.core.errors import ConfigError, FailureReason, TrialFailed
+from autotune.core.errors import ConfigError, FailureReason
 from autotune.core.stats import Interval
 from autotune.definition.space import ResolvedSpace
 from autotune.definition.studydef import StudyDefinition
-from autotune.launch.results import TrialResult
 from autotune.profile.rules import SECTIONS
 from autotune.record import storage as storage_mod
+from autotune.record import trial as tr
+from autotune.record.attrs import ATTRS, RunRecord, ValidationRecord, load, save
 from autotune.report.events import StudyOpened
 from autotune.search.samplers import make_sampler
 
@@ -57,18 +49,16 @@ __all__ = [
     "failure_reasons",
     "incumbent",
     "is_autotune_study",
-    "measurement_attrs",
     "open_study",
     "record",
-    "record_failure",
     "rel_noise",
     "tag",
     "throughput",
     "validation",
 ]
 
-#: Study user attribute holding autotune's own record of the study.
-ATTR = "autotune"
+#: Study user attribute holding autotune's own record of the study (``RunRecord``).
+ATTR = ATTRS[RunRecord]
 #: The objectives' names, in Optuna's order: samples/s (maximised), then with
 #: ``--objective throughput,memory`` the largest peak memory of a rank (minimised).
 METRICS = ["samples_per_s", "peak_memory_mb"]
@@ -110,18 +100,18 @@ DRIVER = driver_identity()
 # -- reading ---------------------------------------------------------------------------------
 
 
-def record(study: optuna.Study) -> dict[str, Any]:
-    """The study's autotune record (empty when it is not an autotune study)."""
-    return dict(study.user_attrs.get(ATTR) or {})
+def record(study: optuna.Study) -> RunRecord | None:
+    """The study's autotune record, checked (None when it is not an autotune study)."""
+    return load(study, RunRecord)
 
 
 def is_autotune_study(study: optuna.Study) -> bool:
     return bool(study.user_attrs.get(ATTR))
 
 
-def validation(study: optuna.Study) -> dict[str, Any] | None:
-    """The last re-validation's record, if any."""
-    return study.user_attrs.get("validation")
+def validation(study: optuna.Study) -> ValidationRecord | None:
+    """The last re-validation's record, checked, if any."""
+    return load(study, ValidationRecord)
 
 
 def complete(study: optuna.Study) -> list[FrozenTrial]:
@@ -135,22 +125,20 @@ def throughput(t: FrozenTrial) -> float:
 
 def rel_noise(t: FrozenTrial) -> float:
     """The relative half-width of a trial's 95 % interval (0 when it has none)."""
-    interval = t.user_attrs.get("interval")
-    v = interval.get("rel_half_width") if isinstance(interval, dict) else None
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+    return tr.rel_noise(t)
 
 
 def baseline_trial(study: optuna.Study) -> FrozenTrial | None:
     """The measured baseline (the first COMPLETE trial marked ``baseline``)."""
     for t in complete(study):
-        if t.user_attrs.get("baseline"):
+        if tr.is_baseline(t):
             return t
     return None
 
 
 def baselines(study: optuna.Study) -> list[FrozenTrial]:
     """Every baseline trial of the study, in any state."""
-    return [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("baseline")]
+    return [t for t in study.get_trials(deepcopy=False) if tr.is_baseline(t)]
 
 
 def baseline_value(study: optuna.Study) -> float | None:
@@ -160,7 +148,7 @@ def baseline_value(study: optuna.Study) -> float | None:
 
 def anchors(study: optuna.Study) -> list[FrozenTrial]:
     """Every measured run of the defaults: the baseline and the re-anchoring runs after it."""
-    return [t for t in complete(study) if t.user_attrs.get("baseline")]
+    return [t for t in complete(study) if tr.is_baseline(t)]
 
 
 def nearest_anchor(study: optuna.Study, t: FrozenTrial) -> FrozenTrial | None:
@@ -184,7 +172,7 @@ def anchored_speedup(study: optuna.Study, t: FrozenTrial) -> float | None:
 def anchored_speedups(done: list[FrozenTrial]) -> dict[int, float]:
     """``anchored_speedup`` of each of the COMPLETE trials ``done`` (one read of a study),
     by number."""
-    runs = [t for t in done if t.user_attrs.get("baseline")]
+    runs = [t for t in done if tr.is_baseline(t)]
     if not runs:
         return {}
     return {t.number: throughput(t) / throughput(_nearest(runs, t)) for t in done}
@@ -192,7 +180,7 @@ def anchored_speedups(done: list[FrozenTrial]) -> dict[int, float]:
 
 def enqueue_anchor(study: optuna.Study, space: ResolvedSpace, why: str) -> None:
     """Queue another run of the defaults (a baseline run after the first: ``anchor``)."""
-    study.enqueue_trial(space.baseline_params(), user_attrs={"baseline": True, "anchor": why})
+    tr.enqueue(study, space.baseline_params(), baseline=True, anchor=why)
 
 
 def counts(study: optuna.Study) -> dict[str, int]:
@@ -209,8 +197,7 @@ def counts(study: optuna.Study) -> dict[str, int]:
 def failure_reasons(study: optuna.Study) -> Counter[str]:
     """How many FAIL trials ended with each reason."""
     return Counter(
-        t.user_attrs.get("reason", "unknown")
-        for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+        tr.reason(t) for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
     )
 
 
@@ -219,65 +206,23 @@ def incumbent(study: optuna.Study) -> Interval | None:
     done = complete(study)
     if not done:
         return None
-    best = max(done, key=throughput)
-    if "interval" not in best.user_attrs:
-        return None  # measured by an autotune without intervals
-    return Interval.from_dict(best.user_attrs["interval"])
+    return tr.interval(max(done, key=throughput))  # None: measured without intervals
 
 
 def tag(trial: optuna.Trial | FrozenTrial) -> str:
     """How the log names a trial: ``baseline``, ``anchor N`` (the defaults again, trial N) or
     ``trial N``."""
-    if trial.user_attrs.get("anchor"):
+    if tr.anchor(trial):
         return f"anchor {trial.number}"
-    return "baseline" if trial.user_attrs.get("baseline") else f"trial {trial.number}"
+    return "baseline" if tr.is_baseline(trial) else f"trial {trial.number}"
 
 
 # -- writing ---------------------------------------------------------------------------------
 
 
-def record_failure(trial: optuna.Trial, failure: TrialFailed) -> None:
-    """Why ``trial`` fails: attributes ``reason`` and ``reason_detail``."""
-    trial.set_user_attr("reason", str(failure.reason))
-    trial.set_user_attr("reason_detail", failure.detail)
-
-
-def measurement_attrs(
-    result: TrialResult, speedup: float | None, *, tokens_per_sample: int | None = None
-) -> dict[str, Any]:
-    """The trial attributes of a measurement (``speedup`` left out when None: another
-    driver's baseline is not measured yet)."""
-    ranks = result.ranks
-    attrs: dict[str, Any] = {
-        "throughput": round(result.throughput, 3),
-        "interval": result.interval.to_dict(),
-        "windows": [round(w, 2) for w in result.windows],
-        "stop": ranks[0].stop,
-        "warmup_steps": ranks[0].warmup_steps,
-        "step_time_s": round(result.step_time_s, 6),
-        "peak_memory_mb": [r.peak_memory_mb for r in ranks],
-        "steps": ranks[0].steps,
-        "window_s": round(result.window_s, 3),
-        "wall_s": round(result.wall_s, 3),
-        "overhead_s": round(result.overhead_s, 3),
-        # where the overhead went, on the slowest rank: warm-up steps, and the rest before
-        # them (process group, model, DDP, DataLoader; process start when fresh)
-        "warmup_s": round(result.warmup_s, 3),
-        "init_s": round(result.init_s, 3),
-        "loss": ranks[0].loss if math.isfinite(ranks[0].loss) else None,  # None: not reported
-        "nodes": [r.node_ip for r in ranks],  # where each rank ran, in rank order
-    }
-    if speedup is not None:
-        attrs["speedup"] = round(speedup, 4)
-    if tokens_per_sample:
-        attrs["tokens_per_s"] = round(result.throughput * tokens_per_sample, 1)
-    attrs["loss_curve"] = [float(f"{x:.6g}") for x in ranks[0].loss_curve]
-    return attrs
-
-
 def enqueue_baseline(study: optuna.Study, space: ResolvedSpace) -> None:
     """Queue a baseline trial: every knob at its default."""
-    study.enqueue_trial(space.baseline_params(), user_attrs={"baseline": True})
+    tr.enqueue(study, space.baseline_params(), baseline=True)
 
 
 def open_study(
@@ -296,58 +241,23 @@ def open_study(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = storage or storage_mod.open_storage(url)
     sampler = make_sampler(d.sampler, d.seed, space.grid() if d.sampler == "grid" else None)
-    workload = {
-        "trainer": d.trainer,
-        "options": dict(d.trainer_options),
-        "world_size": space.target.world_size,
-        "backend": space.target.backend,
-        "global_batch": global_batch,
-    }
-    if d.free_batch:  # another study: its trials measure other global batches
-        workload["free_batch"] = True
+    workload = _workload(d, space, global_batch)
     directions = [optuna.study.StudyDirection.MAXIMIZE]
     if d.multi_objective:  # and the least peak memory per rank
         directions.append(optuna.study.StudyDirection.MINIMIZE)
-    existing = {s.study_name for s in optuna.get_all_study_summaries(storage)}
-    created = False
-    if name not in existing:
-        try:
-            study = optuna.create_study(
-                study_name=name, storage=storage, sampler=sampler, directions=directions
-            )
-            created = True
-        except optuna.exceptions.DuplicatedStudyError:
-            pass  # another driver on the same storage created it a moment ago: join it
-    if created:
-        # at once: a driver joining this new study a moment later finds the baseline queued
-        enqueue_baseline(study, space)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.set_metric_names(METRICS[: len(directions)])
-    else:
+    study = _create(name, storage, sampler, directions, space)
+    created = study is not None
+    if study is None:
         study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
-        if study.directions != directions:
-            raise ConfigError(
-                f"--study-name {name}: that study in {storage_mod.display_url(url)} was not made "
-                f"for --objective "
-                f"{d.objective}; choose another --study-name"
-            )
-        old = record(study).get("workload")
-        if old is not None and old != workload:
-            raise ConfigError(
-                f"--study-name {name}: that study measured workload {old}, this run asks for "
-                f"{workload}; choose another --study-name"
-            )
+        _check_resumable(study, name, url, d, directions, workload)
     trials_before = 0 if created else len(study.trials)
-    rec = record(study)
-    rec.update(
+    save(study, RunRecord(
         version=1,
         workload=workload,
         hardware={k: hw.get(k) for k in SECTIONS["hardware"]},
         space=space.to_mapping(),
         left_out=[str(x) for x in space.dropped],
-    )
-    study.set_user_attr(ATTR, rec)
+    ))  # fmt: skip
     closed = close_abandoned_trials(study, storage)
     if baseline_value(study) is None and not any(
         t.state in (TrialState.WAITING, TrialState.RUNNING) for t in baselines(study)
@@ -362,6 +272,66 @@ def open_study(
         closed=closed,
     )
     return study, opened
+
+
+def _workload(d: StudyDefinition, space: ResolvedSpace, global_batch: int) -> dict[str, Any]:
+    """What the study measures: a resumed study must have measured the same."""
+    workload = {
+        "trainer": d.trainer,
+        "options": dict(d.trainer_options),
+        "world_size": space.target.world_size,
+        "backend": space.target.backend,
+        "global_batch": global_batch,
+    }
+    if d.free_batch:  # another study: its trials measure other global batches
+        workload["free_batch"] = True
+    return workload
+
+
+def _create(
+    name: str,
+    storage: optuna.storages.BaseStorage,
+    sampler: optuna.samplers.BaseSampler,
+    directions: list[optuna.study.StudyDirection],
+    space: ResolvedSpace,
+) -> optuna.Study | None:
+    """The new study ``name`` with its baseline queued; None when it exists already."""
+    if name in {s.study_name for s in optuna.get_all_study_summaries(storage)}:
+        return None
+    try:
+        study = optuna.create_study(
+            study_name=name, storage=storage, sampler=sampler, directions=directions
+        )
+    except optuna.exceptions.DuplicatedStudyError:
+        return None  # another driver on the same storage created it a moment ago: join it
+    # at once: a driver joining this new study a moment later finds the baseline queued
+    enqueue_baseline(study, space)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names(METRICS[: len(directions)])
+    return study
+
+
+def _check_resumable(
+    study: optuna.Study,
+    name: str,
+    url: str,
+    d: StudyDefinition,
+    directions: list[optuna.study.StudyDirection],
+    workload: dict[str, Any],
+) -> None:
+    """ConfigError unless the existing study ``name`` measured what this run measures."""
+    if study.directions != directions:
+        raise ConfigError(
+            f"--study-name {name}: that study in {storage_mod.display_url(url)} was not made "
+            f"for --objective {d.objective}; choose another --study-name"
+        )
+    old = record(study)
+    if old is not None and old.workload and old.workload != workload:
+        raise ConfigError(
+            f"--study-name {name}: that study measured workload {old.workload}, this run asks "
+            f"for {workload}; choose another --study-name"
+        )
 
 
 def driver_alive(driver: str) -> bool | None:
@@ -385,7 +355,7 @@ def close_abandoned_trials(study: optuna.Study, storage: optuna.storages.BaseSto
     closed = []
     study_id = storage.get_study_id_from_name(study.study_name)
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        driver = t.user_attrs.get("driver", "")
+        driver = tr.driver(t)
         if driver_alive(driver) is False:
             trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
             storage.set_trial_user_attr(trial_id, "reason", str(FailureReason.INTERRUPTED))

@@ -41,15 +41,21 @@ def read(cls: type[T], raw: object, where: str) -> T:
 
 
 def write(record: Any) -> dict[str, Any]:
-    """A record dataclass as the JSON-able mapping stored on the study (floats rounded to
-    six significant digits)."""
-    out: dict[str, Any] = _plain(dataclasses.asdict(record))
+    """A record dataclass as the mapping stored on the study: its fields as they are (the
+    writer rounds what it measured), nested records as mappings, and an optional field that
+    is None left out (the layout earlier releases wrote: absent, not null)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(record):
+        v = getattr(record, f.name)
+        if v is None and f.default is None:
+            continue
+        out[f.name] = _plain(v)
     return out
 
 
 def _plain(v: Any) -> Any:
-    if isinstance(v, float):
-        return float(f"{v:.6g}") if math.isfinite(v) else None
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return write(v)
     if isinstance(v, dict):
         return {k: _plain(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
@@ -73,8 +79,10 @@ def _dataclass(cls: type, raw: object, where: str) -> Any:
         if f.name in raw:
             kwargs[f.name] = _value(hints[f.name], raw[f.name], f"{where}.{f.name}")
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise RecordError(f"study record {where}: field {f.name} is missing; the study "
-                              f"was written by another program - use another --study-name")
+            raise RecordError(
+                f"study record {where}: field {f.name} is missing; the study "
+                f"was written by another program - use another --study-name"
+            )
     return cls(**kwargs)
 
 

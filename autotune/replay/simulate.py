@@ -4,10 +4,12 @@ A landscape (``bench/record_landscape.py``) holds, for every point of a grid ove
 that act on one workload, several real runs of it, window by window, with each run's seconds
 outside and inside its windows. ``replay`` runs what ``autotune run`` runs - the study
 record, the sampler, the designed start, the objective, the stop and prune rules, the budget,
-re-validation, ablation and the export's choice - with ``ReplayMeasurer`` in place of the Ray
-runner: a trial of a point draws one of that point's recorded runs and applies the measurement
-rules (``autotune.core.stats``) to its windows one by one, and the clock advances by the seconds the
-run took. Nothing is started; a replay of 15 trials takes well under a second.
+re-validation, ablation and the export's choice, assembled by the same
+``search.assembly.assemble`` - with ``ReplayMeasurer`` in place of the Ray-backed measurer
+(both are ``launch.measure.Measurer``): a trial of a point draws one of that point's recorded
+runs and applies the measurement rules (``autotune.core.stats``) to its windows one by one, and
+the clock advances by the seconds the run took. Nothing is started; a replay of 15 trials takes
+well under a second.
 
 The landscape's ``first_measurement`` (the defaults' probe) answers the search's first probe;
 without one (or ``evidence=False``) the screening goes in the priors' listed order.
@@ -23,6 +25,7 @@ recorded cold/warm ratio).
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import statistics
@@ -33,19 +36,17 @@ from typing import Any
 import optuna
 
 from autotune.core.config import MeasureSettings, TrialConfig
-from autotune.core.knobs import Target
 from autotune.core.rank_io import RankResult
 from autotune.core.stats import Interval
+from autotune.core.target import Target
 from autotune.definition.space import ResolvedSpace, SearchSpace
 from autotune.definition.studydef import StudyDefinition
+from autotune.launch.measure import Placement
 from autotune.launch.results import TrialResult
 from autotune.profile.export import study_profile
 from autotune.record.study import open_study
 from autotune.report.events import Emit, ignore
-from autotune.search.budget import Budget
-from autotune.search.loop import Search
-from autotune.search.objective import Objective
-from autotune.tuner import conclude
+from autotune.search.assembly import assemble
 
 __all__ = ["Landscape", "ReplayMeasurer", "ReplayResult", "replay"]
 
@@ -127,20 +128,14 @@ class Landscape:
 
 
 class _Runner:
-    """What the search asks of a placement group, where there is none."""
+    """What the search asks of a placement group (``measure.Placement``), where there is none."""
 
     def ensure_placed(self) -> None:
         pass
 
-    def abort(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
 
 class ReplayMeasurer:
-    """``measure.Measurer``'s interface over a ``Landscape``, on a simulated clock."""
+    """A ``launch.measure.Measurer`` over a ``Landscape``, on a simulated clock (``now``)."""
 
     def __init__(
         self,
@@ -157,38 +152,36 @@ class ReplayMeasurer:
         self.rng = rng
         self.clock = 0.0
         self.timed_s = 0.0  # simulated seconds inside timed windows
-        self.runner = _Runner()
-        self.runners = [self.runner]
+        self.runners = [_Runner()]
         self._cold = cold_first
         self.can_probe = evidence and landscape.first is not None  # a first measurement
         #: (simulated seconds at its end, grid point) of every measurement, in order.
         self.log: list[tuple[float, str]] = []
+        #: Every grid point's configuration as ``TrialConfig.from_values`` makes it (the
+        #: defaults for every other knob), with the point's key.
+        self._points = [
+            (TrialConfig.from_values(space.values_from_params(p), space.target), point_key(p))
+            for p in (
+                dict(zip(landscape.grid, values, strict=True))
+                for values in itertools.product(*landscape.grid.values())
+            )
+        ]
 
     def now(self) -> float:
         return self.clock
 
-    def use(self, runner: Any) -> None:
+    def use(self, runner: Placement) -> None:
         pass
 
     def abort(self) -> None:
         pass
 
-    def trial_timeout(self) -> float:
-        return 300.0
-
     def config_key(self, config: TrialConfig) -> str:
-        """The grid point a configuration is (every grid knob read back from it)."""
-        values = {
-            "bucket_cap_mb": config.ddp["bucket_cap_mb"],
-            "gradient_as_bucket_view": config.ddp["gradient_as_bucket_view"],
-            "static_graph": config.ddp["static_graph"],
-            "comm_hook": config.comm_hook["name"],
-            "micro_batch": config.micro_batch,
-            "num_workers": config.data["num_workers"],
-            "precision": config.precision,
-            "threads": config.threads,
-        }
-        return point_key({k: values[k] for k in self.landscape.grid})
+        """The grid point a configuration is: the one whose configuration it equals."""
+        key = next((k for c, k in self._points if c == config), None)
+        if key is None:
+            raise KeyError(f"not a configuration of the landscape's grid: {config}")
+        return key
 
     def __call__(
         self,
@@ -196,7 +189,7 @@ class ReplayMeasurer:
         config: TrialConfig,
         incumbent: Interval | None = None,
         measure: MeasureSettings | None = None,
-        log_dir: Any = None,
+        log_dir: Path | None = None,
         limit: dict[str, Any] | None = None,
     ) -> TrialResult:
         if limit is not None:
@@ -311,71 +304,28 @@ def replay(
     (``MeasureSettings.rerun_windows``) instead of the study's. ``evidence``: order the
     screening by the landscape's first measurement (False: the listed order). ``early_stop``:
     the convergence stop (``--no-early-stop`` when False)."""
-    base = StudyDefinition.load(study)
-    if rerun_windows is not None:
-        base = replace(base, measure=replace(base.measure, rerun_windows=rerun_windows))
-    d = replace(
-        base,
-        sampler=sampler,
-        seed=seed,
-        n_trials=n_trials,
-        budget_s=budget_s,
-        validate_top=validate_top,
-        screening=screening,
-        patience=patience,
-        ablate=ablation,
-        early_stop=early_stop,
-    )
-    hardware = landscape.meta.get("hardware") or {}
-    target = Target(
-        backend="gloo",
-        device="cpu",
-        world_size=2,
-        global_batch=128,
-        cpus_per_rank=1,
-        bf16=bool(hardware.get("bf16")),  # as recorded
-        bf16_native=bool(hardware.get("bf16_native")),
-    )
-    space = landscape.space().resolve(target)
+    d = _definition(study, rerun_windows, sampler=sampler, seed=seed, n_trials=n_trials,
+                    budget_s=budget_s, validate_top=validate_top, screening=screening,
+                    patience=patience, ablate=ablation, early_stop=early_stop)  # fmt: skip
+    space = landscape.space().resolve(_target(landscape))
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    st, _ = open_study(
-        "replay",
-        "",
-        d,
-        space,
-        128,
-        {"device": "cpu"},
-        storage=storage or optuna.storages.InMemoryStorage(),
-    )
+    storage = storage or optuna.storages.InMemoryStorage()
+    st, _ = open_study("replay", "", d, space, 128, {"device": "cpu"}, storage=storage)
     rng = random.Random(seed)
     measure = ReplayMeasurer(landscape, st, space, d, rng, cold_first=cold_first, evidence=evidence)
-    budget = Budget(d, clock=measure.now)
-    objective = Objective(
-        study=st, space=space, definition=d, measure=measure, budget=budget, emit=emit
-    )  # type: ignore[arg-type]
-    search = Search(
-        study=st,
-        space=space,
-        runners=measure.runners,  # type: ignore[arg-type]
-        objective=objective,
-        measure=measure,  # type: ignore[arg-type]
-        budget=budget,
-        emit=emit,
-    )
-    search.run()
+    run = assemble(study=st, space=space, definition=d, measure=measure, emit=emit,
+                   clock=measure.now)  # fmt: skip
+    run.search.run()
     search_s, oracle = measure.clock, landscape.oracle()[1]
-    # the search's first measurement of a point at FOUND of the oracle: (trials, seconds)
-    good = (v for v in enumerate(measure.log, 1) if landscape.value(v[1][1]) >= FOUND * oracle)
-    found = next(good, (None, (None, "")))
-    conclude(st, d, space, budget, measure, emit)  # type: ignore[arg-type]
-    profile = study_profile(st)
-    key = measure.config_key(profile.trial_config())
+    found_trials, found_s = _found(landscape, measure.log, oracle)
+    run.conclude()
+    key = measure.config_key(study_profile(st).trial_config())
     value = landscape.value(key)
     return ReplayResult(
-        found_s=found[1][0],
-        found_trials=found[0],
+        found_s=found_s,
+        found_trials=found_trials,
         search_s=search_s,
-        stop=None if search.stop is None else search.stop.kind,
+        stop=None if run.search.stop is None else run.search.stop.kind,
         exported=key,
         value=value,
         share=value / oracle,
@@ -384,3 +334,37 @@ def replay(
         timed_s=measure.timed_s,
         study=st,
     )
+
+
+def _definition(study: str, rerun_windows: int | None, **changes: Any) -> StudyDefinition:
+    """The study definition ``study`` with ``changes`` (``replay``'s arguments), its
+    re-measurement runs of ``rerun_windows`` windows when given."""
+    base = StudyDefinition.load(study)
+    if rerun_windows is not None:
+        base = replace(base, measure=replace(base.measure, rerun_windows=rerun_windows))
+    return replace(base, **changes)
+
+
+def _target(landscape: Landscape) -> Target:
+    """What the landscape was recorded on, as far as resolving its space goes: two CPU ranks
+    over gloo, a global batch of 128, bf16 as recorded."""
+    hardware = landscape.meta.get("hardware") or {}
+    return Target(
+        backend="gloo",
+        device="cpu",
+        world_size=2,
+        global_batch=128,
+        cpus_per_rank=1,
+        bf16=bool(hardware.get("bf16")),  # as recorded
+        bf16_native=bool(hardware.get("bf16_native")),
+    )
+
+
+def _found(
+    landscape: Landscape, log: list[tuple[float, str]], oracle: float
+) -> tuple[int | None, float | None]:
+    """The search's first measurement of a point at ``FOUND`` of the oracle or better: (its
+    number among the measurements, the baseline's first, and its simulated seconds at its
+    end); (None, None) when there was none."""
+    good = ((i, at) for i, (at, key) in enumerate(log, 1) if landscape.value(key) >= FOUND * oracle)
+    return next(good, (None, None))

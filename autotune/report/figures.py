@@ -10,7 +10,9 @@ from typing import Any
 
 import optuna
 
-from autotune.limit.probe import LIMIT_ATTR, summary_line
+from autotune.limit.probe import summary_line
+from autotune.record.attrs import LimitRecord, load
+from autotune.record.typed import RecordError
 
 __all__ = ["LIMIT_TITLE", "failure_figures", "html_table", "limit_figures", "limit_section"]
 
@@ -55,16 +57,23 @@ def failure_figures(failures: Counter[str]) -> tuple[Any, Any]:
     return pf, ax
 
 
+def _limit(study: optuna.Study) -> LimitRecord | None:
+    """The study's limit record; None when it has none or it is not one autotune wrote."""
+    try:
+        return load(study, LimitRecord)
+    except RecordError:
+        return None
+
+
 def _probes(study: optuna.Study) -> dict[str, dict[str, Any]]:
     """The study's probed configurations that have a breakdown (a study from elsewhere may
     hold anything under the attribute: what is not a probe record is left out)."""
-    limit = study.user_attrs.get(LIMIT_ATTR)
-    if not isinstance(limit, dict):
+    limit = _limit(study)
+    if limit is None:
         return {}
     out = {}
-    for label in LABELS:
-        rec = limit.get(label)
-        if isinstance(rec, dict) and isinstance(rec.get("breakdown"), dict):
+    for label, rec in limit.probes().items():
+        if label in LABELS and isinstance(rec.get("breakdown"), dict):
             parts = rec["breakdown"]
             if all(isinstance(parts.get(p), (int, float)) for p in PARTS):
                 out[label] = rec
@@ -122,8 +131,9 @@ def limit_section(study: optuna.Study) -> str:
             pct(b.get("comm_share")), pct(b.get("hidden_share")),
             "" if bus is None else f"{bus:.3g} Gbit/s", rec.get("next", ""), rec.get("trace") or "",
         ])  # fmt: skip
-    line = summary_line(study.user_attrs[LIMIT_ATTR]) or ""
-    cost = study.user_attrs[LIMIT_ATTR].get("cost_s")
+    limit = _limit(study)
+    line = "" if limit is None else summary_line(limit.probes()) or ""
+    cost = None if limit is None else limit.cost_s
     return (
         f"<h2>How far from the limit</h2><p><b>{e(line)}</b></p>"
         f"{html_table(head, rows)}"

@@ -22,6 +22,7 @@ from rich.text import Text
 
 from autotune.core.knobs import changed_knobs
 from autotune.definition.durations import format_duration
+from autotune.record import trial as tr
 from autotune.record.study import baseline_trial, complete, failure_reasons
 from autotune.report import events as ev
 from autotune.search.screening import verdict
@@ -270,7 +271,7 @@ def summary_table(study: Any, *, top: int = 5) -> Table:
         table.add_row(
             f"{t.number}{tag}",
             f"{t.values[0]:.1f}",
-            f"{t.user_attrs.get('speedup', float('nan')):.2f}x",
+            f"{_speedup(t):.2f}x",
             *memory,
             changed_settings(t.params, reference),
         )
@@ -298,3 +299,8 @@ def format_changes(changes: dict[str, Any]) -> str:
 
 def _short(v: Any) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def _speedup(t: Any) -> float:
+    v = tr.speedup(t)
+    return float("nan") if v is None else v

@@ -44,6 +44,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.errors import FailureReason, TrialFailed
@@ -183,65 +184,96 @@ def run_script(
     default; the driver's when this runs as a Ray task in the trial's placement group).
     ``max_memory_mb``: a rank whose reported peak memory goes over it fails the trial
     (``oom``), as ``--max-memory`` does for a built-in one."""
-    from autotune.profile.profile import Profile
-
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="autotune-script-") as tmp:
         work = Path(tmp)
         reports = work / "report"
         reports.mkdir()
-        profile = Profile.from_config(
-            config,
-            where="trial",
-            study={"name": "script-trial"},
-            workload={"trainer": "script", "world_size": world_size, "backend": backend,
-                      "global_batch": config.global_batch},
-            hardware={"device": "cuda" if backend == "nccl" else "cpu"},
-            measured={"baseline_samples_per_s": 1.0, "best_samples_per_s": 1.0, "speedup": 1.0,
-                      "note": "a trial's configuration, not a measured profile"},
-        )  # fmt: skip
-        path = profile.save(work / "trial.yaml")
+        path = _save_profile(config, world_size, backend, work / "trial.yaml")
         base = os.environ if env is None else env
         child_env = {**base, **config.env, PROFILE_ENV: str(path), REPORT_ENV: str(reports)}
         log = Path(log_dir) / "script.log" if log_dir else work / "script.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         stream = StepStream(measure, config.micro_batch * world_size, incumbent)
         with open(log, "wb") as out:
-            guarded = [sys.executable, "-m", "autotune.script.guard", str(os.getpid()), "--"]
-            proc = subprocess.Popen(  # noqa: S603 - the user's own command, as they typed it
-                [*guarded, *command], env=child_env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
+            proc = _start(command, child_env, cwd, out)
             try:
                 rank0 = _watch(proc, stream, reports, log, started, timeout_s, wrap_wait_s,
                                max_memory_mb)  # fmt: skip
             finally:
                 _end(proc)
-        stamps, losses = rank0.stamps, rank0.losses
         peak_mb = _peak_of_ranks(reports, rank0, max_memory_mb)
         wall = time.monotonic() - started
-        window_s = sum(stream.seconds)
-        n = stream.steps_per_window * len(stream.windows)
-        first = stream.warmup_steps or 0
-        rank = RankResult(
-            rank=0,
-            applied={},
-            pid=proc.pid,
-            steps=n,
-            samples=round(n * stream.samples_per_step),
-            window_s=window_s,
-            windows=stream.windows,
-            steps_per_window=stream.steps_per_window,
-            warmup_steps=first,
-            stop=stream.stop,
-            setup_s=wall - window_s - (stamps[first] - stamps[0]),  # start-up, imports, data
-            warmup_s=stamps[first] - stamps[0],
-            measure_s=window_s,
-            loss=statistics.fmean(losses[-n:]) if losses else math.nan,
-            loss_curve=loss_curve(losses, len(stamps), config.accumulation_steps),
-            peak_memory_mb=peak_mb,
-        )
+        rank = _rank_result(stream, rank0, config, pid=proc.pid, wall_s=wall, peak_mb=peak_mb)
         return TrialResult(ranks=[rank], wall_s=wall)
+
+
+def _save_profile(config: TrialConfig, world_size: int, backend: str, path: Path) -> Path:
+    """Save the trial's configuration as a profile at ``path`` (the command's
+    ``AUTOTUNE_PROFILE``); where it was saved."""
+    from autotune.profile.profile import Profile
+
+    profile = Profile.from_config(
+        config,
+        where="trial",
+        study={"name": "script-trial"},
+        workload={"trainer": "script", "world_size": world_size, "backend": backend,
+                  "global_batch": config.global_batch},
+        hardware={"device": "cuda" if backend == "nccl" else "cpu"},
+        measured={"baseline_samples_per_s": 1.0, "best_samples_per_s": 1.0, "speedup": 1.0,
+                  "note": "a trial's configuration, not a measured profile"},
+    )  # fmt: skip
+    return profile.save(path)
+
+
+def _start(
+    command: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str | os.PathLike[str] | None,
+    out: IO[bytes],
+) -> subprocess.Popen[bytes]:
+    """Start ``command`` under the guard (``autotune.script.guard``, watching this process), in
+    a session of its own, its output to ``out``."""
+    guarded = [sys.executable, "-m", "autotune.script.guard", str(os.getpid()), "--"]
+    return subprocess.Popen(  # noqa: S603 - the user's own command, as they typed it
+        [*guarded, *command], env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+
+
+def _rank_result(
+    stream: StepStream,
+    rank0: Reports,
+    config: TrialConfig,
+    *,
+    pid: int,
+    wall_s: float,
+    peak_mb: float,
+) -> RankResult:
+    """The trial's measurement as one rank's result: ``stream``'s windows, and rank 0's
+    reports (``rank0``) for the time before them and the loss."""
+    stamps, losses = rank0.stamps, rank0.losses
+    window_s = sum(stream.seconds)
+    n = stream.steps_per_window * len(stream.windows)
+    first = stream.warmup_steps or 0
+    return RankResult(
+        rank=0,
+        applied={},
+        pid=pid,
+        steps=n,
+        samples=round(n * stream.samples_per_step),
+        window_s=window_s,
+        windows=stream.windows,
+        steps_per_window=stream.steps_per_window,
+        warmup_steps=first,
+        stop=stream.stop,
+        setup_s=wall_s - window_s - (stamps[first] - stamps[0]),  # start-up, imports, data
+        warmup_s=stamps[first] - stamps[0],
+        measure_s=window_s,
+        loss=statistics.fmean(losses[-n:]) if losses else math.nan,
+        loss_curve=loss_curve(losses, len(stamps), config.accumulation_steps),
+        peak_memory_mb=peak_mb,
+    )
 
 
 def _check_memory(rank: int, peak_mb: float, max_memory_mb: float | None) -> None:

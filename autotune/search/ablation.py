@@ -24,13 +24,21 @@ from typing import Any
 
 import optuna
 
+from autotune.core.compare import interleave
 from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.knobs import changed_knobs
-from autotune.core.stats import interleave, speedup_ci
+from autotune.core.stats import speedup_ci
 from autotune.definition.space import ResolvedSpace
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.measure import Measurer
-from autotune.launch.results import TrialResult
+from autotune.record import trial as tr
+from autotune.record.attrs import (
+    AblationRecord,
+    Contribution,
+    JointCheck,
+    ValidationRecord,
+    save,
+)
 from autotune.report.events import Emit, Note
 from autotune.search.budget import Budget
 from autotune.search.validation import measure_interleaved
@@ -61,17 +69,17 @@ def ablate(
     study: optuna.Study,
     definition: StudyDefinition,
     space: ResolvedSpace,
-    validation: dict[str, Any] | None,
+    validation: ValidationRecord | None,
     budget: Budget,
     measure: Measurer,
     emit: Emit,
-) -> dict[str, Any] | None:
+) -> AblationRecord | None:
     """Ablate the re-validated winner (see the module doc); store and return the record. None
     with ``--no-ablate``, when nothing was validated, the winner changes fewer than two knobs,
     or the budget left holds fewer than two rounds."""
-    if not definition.ablate or not validation or not validation.get("beats_baseline"):
+    if not definition.ablate or validation is None or not validation.beats_baseline:
         return None
-    number = validation["trials"][validation["winner"]]
+    number = validation.trials[validation.winner]
     winner = study.trials[number]
     options = variants(space, dict(winner.params))
     removable = {k: p for k, p in options.items() if isinstance(p, dict)}
@@ -81,90 +89,121 @@ def ablate(
     if rounds < 2:
         emit(Note("No budget left to ablate the winner: every knob it changes is kept"))
         return None
-    keys = [WINNER, *(f"without {k}" for k in removable)]
-    configs = {WINNER: TrialConfig.from_dict(winner.user_attrs["config"])}
+    configs = {WINNER: tr.config(winner)}
     for k, p in removable.items():
         configs[f"without {k}"] = TrialConfig.from_values(space.values_from_params(p), space.target)
+    keys = list(configs)
     order = interleave(keys, rounds)
-    emit(
-        Note(
-            f"Ablating trial {number}: each of its {len(removable)} changed knobs set back to "
-            f"its default, {rounds} interleaved rounds ({len(order)} runs)"
-        )
-    )
+    emit(Note(f"Ablating trial {number}: each of its {len(removable)} changed knobs set back to "
+              f"its default, {rounds} interleaved rounds ({len(order)} runs)"))  # fmt: skip
     short = definition.measure.rerun()
-
-    def run(key: str) -> TrialResult:
-        return measure(number, configs[key], measure=short)
-
-    done = measure_interleaved(keys, order, run, emit, essential=WINNER)
+    done = measure_interleaved(keys, order, lambda key: measure(number, configs[key],
+                               measure=short), emit, essential=WINNER)  # fmt: skip
     if done is None:
         emit(Note("The winner failed during ablation: every knob it changes is kept"))
         return None
     runs, failed, timed_s = done
-    contributions: dict[str, dict[str, Any]] = {}
-    for k, p in options.items():
-        key = f"without {k}"
-        entry: dict[str, Any] = {"value": winner.params[k]}
-        if isinstance(p, str):
-            entry.update(kept=True, why=f"cannot be removed alone: {p}")
-        elif key in failed:
-            entry.update(kept=True, why=f"the variant without it failed ({failed[key]})")
-        else:
-            n = min(len(runs[WINNER]), len(runs[key]))  # paired by round
-            sp = speedup_ci(runs[WINNER][:n], runs[key][:n], CONFIDENCE)
-            entry.update(speedup=[sp.low, sp.median, sp.high], kept=sp.low > 1.0)
-        contributions[k] = entry
-    together = not any(c["kept"] for c in contributions.values())
-    if together:
-        for c in contributions.values():
-            c["kept"] = True
-    dropped = [k for k, c in contributions.items() if not c["kept"]]
-    values = space.values_from_params(dict(winner.params))
+    contributions, together = _contributions(options, runs, failed, winner.params)
+    values, dropped, joint = _drop_unproven(
+        space, winner.params, contributions, number, configs[WINNER], rounds, short, budget,
+        measure, emit,
+    )  # fmt: skip
+    record = AblationRecord(
+        trial=number,
+        rounds=rounds,
+        order=order,
+        measurements={k: [round(x, 2) for x in xs] for k, xs in runs.items()},
+        contributions=contributions,
+        dropped=dropped,
+        together=together,
+        joint=joint,
+        params={n: values[n] for n in space.active(values)},
+        config=TrialConfig.from_values(values, space.target).to_dict(),
+        timed_s=round(timed_s, 3),
+    )
+    save(study, record)
+    _say(record, emit)
+    return record
+
+
+def _drop_unproven(
+    space: ResolvedSpace,
+    params: dict[str, Any],
+    contributions: dict[str, Contribution],
+    number: int,
+    winner: TrialConfig,
+    rounds: int,
+    short: MeasureSettings,
+    budget: Budget,
+    measure: Measurer,
+    emit: Emit,
+) -> tuple[dict[str, Any], list[str], JointCheck | None]:
+    """The winner's values with the knobs that proved nothing back at their defaults, those
+    knobs, and the check of dropping two or more of them at once (which puts them all back
+    when together they carry gain)."""
+    dropped = [k for k, c in contributions.items() if not c.kept]
+    values = space.values_from_params(dict(params))
     defaults = space.defaults()
     for k in dropped:
         values[k] = defaults[k]
-    joint = None
-    if len(dropped) >= 2:
-        # Each drop alone cost nothing beyond the noise; all of them at once is another
-        # configuration, measured before it is exported.
-        reduced = TrialConfig.from_values(values, space.target)
-        joint = _check_joint(number, dropped, configs[WINNER], reduced, rounds, short,
-                             budget, measure, emit)  # fmt: skip
-        if joint["kept_back"]:
-            for k in dropped:
-                others = ", ".join(o for o in dropped if o != k)
-                contributions[k].update(kept=True, why=f"dropped with {others}: {joint['why']}")
-            values = space.values_from_params(dict(winner.params))
-            dropped = []
-    params = {n: values[n] for n in space.active(values)}
-    record = {
-        "trial": number,
-        "rounds": rounds,
-        "order": order,
-        "measurements": {k: [round(x, 2) for x in xs] for k, xs in runs.items()},
-        "contributions": contributions,
-        "dropped": dropped,
-        "together": together,
-        "joint": joint,
-        "params": params,
-        "config": TrialConfig.from_values(values, space.target).to_dict(),
-        "timed_s": round(timed_s, 3),
-    }
-    study.set_user_attr("ablation", record)
-    for k, c in contributions.items():
-        if "speedup" in c:
-            low, med, high = c["speedup"]
-            verdict = "kept" if c["kept"] else "dropped: no gain beyond the noise"
-            shown = f"{med:.3f}x ({low:.3f}-{high:.3f})"
-            emit(Note(f"  {k}={c['value']}: the winner is {shown} itself without it - {verdict}"))
+    if len(dropped) < 2:
+        return values, dropped, None
+    # Each drop alone cost nothing beyond the noise; all of them at once is another
+    # configuration, measured before it is exported.
+    reduced = TrialConfig.from_values(values, space.target)
+    joint = _check_joint(number, dropped, winner, reduced, rounds, short, budget, measure, emit)
+    if joint.kept_back:
+        for k in dropped:
+            others = ", ".join(o for o in dropped if o != k)
+            contributions[k].kept = True
+            contributions[k].why = f"dropped with {others}: {joint.why}"
+        return space.values_from_params(dict(params)), [], joint
+    return values, dropped, joint
+
+
+def _contributions(
+    options: dict[str, dict[str, Any] | str],
+    runs: dict[str, list[float]],
+    failed: dict[str, str],
+    params: dict[str, Any],
+) -> tuple[dict[str, Contribution], bool]:
+    """Each changed knob's contribution: the winner over the winner without it, paired by
+    round; kept when that interval lies above 1, or when it could not be measured. When none
+    is kept, all are, together (the second value)."""
+    out: dict[str, Contribution] = {}
+    for k, p in options.items():
+        key = f"without {k}"
+        if isinstance(p, str):
+            out[k] = Contribution(value=params[k], kept=True, why=f"cannot be removed alone: {p}")
+        elif key in failed:
+            why = f"the variant without it failed ({failed[key]})"
+            out[k] = Contribution(value=params[k], kept=True, why=why)
         else:
-            emit(Note(f"  {k}={c['value']}: kept ({c['why']})"))
+            n = min(len(runs[WINNER]), len(runs[key]))  # paired by round
+            sp = speedup_ci(runs[WINNER][:n], runs[key][:n], CONFIDENCE)
+            out[k] = Contribution(
+                value=params[k], speedup=[sp.low, sp.median, sp.high], kept=sp.low > 1.0
+            )
+    together = not any(c.kept for c in out.values())
     if together:
+        for c in out.values():
+            c.kept = True
+    return out, together
+
+
+def _say(record: AblationRecord, emit: Emit) -> None:
+    for k, c in record.contributions.items():
+        if c.speedup is not None:
+            low, med, high = c.speedup
+            verdict = "kept" if c.kept else "dropped: no gain beyond the noise"
+            shown = f"{med:.3f}x ({low:.3f}-{high:.3f})"
+            emit(Note(f"  {k}={c.value}: the winner is {shown} itself without it - {verdict}"))
+        else:
+            emit(Note(f"  {k}={c.value}: kept ({c.why})"))
+    if record.together:
         emit(Note("No knob carries the gain alone beyond the noise: they are kept together"))
-    if joint is not None:
-        emit(Note(f"  without {', '.join(joint['knobs'])} at once: {joint['why']}"))
-    return record
+    if record.joint is not None:
+        emit(Note(f"  without {', '.join(record.joint.knobs)} at once: {record.joint.why}"))
 
 
 def _check_joint(
@@ -177,16 +216,16 @@ def _check_joint(
     budget: Budget,
     measure: Measurer,
     emit: Emit,
-) -> dict[str, Any]:
+) -> JointCheck:
     """The winner against ``reduced``: the winner with ``knobs`` (each of which failed to prove
     itself alone) set back at once, interleaved over at most ``rounds`` rounds. The knobs go
     back in (``kept_back``) when dropping them together costs more than the noise, or when the
     check cannot be made (too little budget left, a run failed): what is exported is then a
     measured configuration, the winner."""
     n = min(rounds, budget.ablation_rounds(1))
-    out: dict[str, Any] = {"knobs": knobs, "rounds": n}
     if n < 2:
-        return {**out, "kept_back": True, "why": "not measured together (no budget left): kept"}
+        why = "not measured together (no budget left): kept"
+        return JointCheck(knobs=knobs, rounds=n, kept_back=True, why=why)
     keys = [WINNER, REDUCED]
     order = interleave(keys, n)
     emit(Note(f"Measuring trial {number} {REDUCED} ({', '.join(knobs)}) once more: {n} rounds"))
@@ -195,7 +234,9 @@ def _check_joint(
         keys, order, lambda k: measure(number, configs[k], measure=short), emit, essential=WINNER
     )
     if done is None or done[1]:
-        return {**out, "kept_back": True, "why": "a run of the check failed: kept"}
+        return JointCheck(
+            knobs=knobs, rounds=n, kept_back=True, why="a run of the check failed: kept"
+        )
     runs, _, timed_s = done
     k = min(len(runs[WINNER]), len(runs[REDUCED]))
     sp = speedup_ci(runs[WINNER][:k], runs[REDUCED][:k], CONFIDENCE)
@@ -203,6 +244,12 @@ def _check_joint(
     verdict = "together they carry gain: kept" if kept_back else "no gain beyond the noise: dropped"
     shown = f"{sp.median:.3f}x ({sp.low:.3f}-{sp.high:.3f})"
     why = f"the winner is {shown} itself without them - {verdict}"
-    return {**out, "speedup": [sp.low, sp.median, sp.high], "kept_back": kept_back, "why": why,
-            "measurements": {k: [round(x, 2) for x in xs] for k, xs in runs.items()},
-            "timed_s": round(timed_s, 3)}  # fmt: skip
+    return JointCheck(
+        knobs=knobs,
+        rounds=n,
+        speedup=[sp.low, sp.median, sp.high],
+        kept_back=kept_back,
+        why=why,
+        measurements={k: [round(x, 2) for x in xs] for k, xs in runs.items()},
+        timed_s=round(timed_s, 3),
+    )

@@ -5,8 +5,9 @@ trial (or read back from a resumed or shared study), and the screening order it 
 bounds the step (``limit.evidence.Evidence.describe``), the order the screening will take with each
 prior's expected gain, and each prior skipped with its figure; or, where there is no probe
 (``--no-limit``, script mode, a failed probe), that the priors go in their listed order. The
-record is the study's ``limit.evidence.FIRST_ATTR`` attribute: the evidence (checked when read
-back) and the probe's own record, which the probe at the end of the run reuses.
+record is the study's ``first_measurement`` attribute (``record.attrs.FirstMeasurement``): the
+evidence (checked when read back) and the probe's own record, which the probe at the end of
+the run reuses.
 """
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialFailed
 from autotune.definition.space import ResolvedSpace
 from autotune.definition.studydef import StudyDefinition
-from autotune.limit.evidence import FIRST_ATTR, Evidence
+from autotune.limit.evidence import Evidence
 from autotune.limit.probe import probe_one
+from autotune.record import trial as tr
+from autotune.record.attrs import FirstMeasurement, load, save
 from autotune.record.study import baseline_trial, rel_noise
+from autotune.record.typed import RecordError
 from autotune.report.events import Emit, Note
 from autotune.search.budget import Budget
 from autotune.search.screening import HELPS, plan
@@ -66,12 +69,12 @@ def first_measurement(
 
 
 def _stored(study: optuna.Study, emit: Emit) -> Evidence | None:
-    raw = study.user_attrs.get(FIRST_ATTR)
-    if raw is None:
-        return None
     try:
-        ev = Evidence.from_attrs(raw.get("evidence") if isinstance(raw, dict) else None)
-    except ValueError as e:
+        first = load(study, FirstMeasurement)
+        if first is None:
+            return None
+        ev = Evidence.from_attrs(first.evidence)
+    except (RecordError, ValueError) as e:
         emit(Note(f"The study's stored first measurement is unreadable ({e}); measuring the "
                   "defaults again"))  # fmt: skip
         return None
@@ -120,7 +123,7 @@ def _probe_defaults(
         record = probe_one(
             measure,
             base.number,
-            TrialConfig.from_dict(base.user_attrs["config"]),
+            tr.config(base),
             trace=trace,
             free_batch=d.free_batch,
             device=device,
@@ -131,6 +134,6 @@ def _probe_defaults(
         emit(Note(f"The first measurement failed ({type(e).__name__}: {e}): screening in the "
                   "priors' listed order"))  # fmt: skip
         return None
-    study.set_user_attr(FIRST_ATTR, {"evidence": ev.to_attrs(), "probe": record})
+    save(study, FirstMeasurement(evidence=ev.to_attrs(), probe=record))
     emit(Note(f"First measurement ({budget.elapsed_s() - started:.0f} s): {ev.describe()}"))
     return ev

@@ -37,15 +37,18 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
 
 from autotune.core.errors import TrialFailed, interrupted_by
 from autotune.definition.space import ResolvedSpace
-from autotune.launch.launcher import TrialRunner
-from autotune.launch.measure import Measurer
+from autotune.definition.studydef import StudyDefinition
+from autotune.launch.measure import Measurer, Placement
+from autotune.record import trial as tr
+from autotune.record.attrs import StopRecord, save
 from autotune.record.study import (
     baseline_trial,
     baselines,
@@ -59,7 +62,7 @@ from autotune.search.budget import Budget
 from autotune.search.first_look import first_measurement
 from autotune.search.objective import Objective
 from autotune.search.screening import Screening
-from autotune.search.stop import STOP_ATTR, Convergence, StopRecord, reserve_for
+from autotune.search.stop import Convergence, reserve_for
 
 __all__ = ["ANCHOR_EVERY", "BASELINE_POLL_S", "Search"]
 
@@ -82,15 +85,18 @@ class Search:
         *,
         study: optuna.Study,
         space: ResolvedSpace,
-        runners: list[TrialRunner],
+        definition: StudyDefinition,
+        runners: Sequence[Placement],
         objective: Objective,
         measure: Measurer,
         budget: Budget,
         emit: Emit,
         tick: Callable[[], None] | None = None,
+        logs: Path | None = None,
     ) -> None:
         self.study = study
         self.space = space
+        self.d = definition
         self.runners = runners
         self.objective = objective
         self.measure = measure
@@ -99,7 +105,9 @@ class Search:
         #: Called from the main thread before the baseline, between trials and while waiting
         #: for concurrent trials (``tuner`` re-asserts its SIGTERM handler there).
         self.tick = tick or (lambda: None)
-        d = objective.d
+        #: Where the run keeps its logs (the first measurement's trace goes there).
+        self.logs = logs
+        d = definition
         self.screening = Screening(study, space) if d.screening and d.sampler != "grid" else None
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -129,8 +137,9 @@ class Search:
         self._off_main([lambda r=r: self._trials_on(r) for r in self.runners])
         if self.stop is None:  # every thread found the budget spent
             self._stopped("budget", "the budget is spent")
-        self.emit(Note(self.stop.line()))  # type: ignore[union-attr]
-        self.study.set_user_attr(STOP_ATTR, self.stop.to_attrs())  # type: ignore[union-attr]
+        assert self.stop is not None
+        self.emit(Note(self.stop.line()))
+        save(self.study, self.stop)
 
     def _stopped(self, kind: str, why: str, kept_s: float = 0.0) -> None:
         """Record the first reason the search stops (later threads find it set)."""
@@ -154,7 +163,7 @@ class Search:
         assert self.stop is not None
         # the storage that stopped the run may be gone: the log line is said all the same
         with contextlib.suppress(Exception):
-            self.study.set_user_attr(STOP_ATTR, self.stop.to_attrs())
+            save(self.study, self.stop)
         self.emit(Note(self.stop.line()))
 
     def _first_look(self) -> None:
@@ -164,9 +173,9 @@ class Search:
             study=self.study,
             space=self.space,
             measure=self.measure,
-            definition=self.objective.d,
+            definition=self.d,
             budget=self.budget,
-            logs=getattr(self.objective, "logs", None),
+            logs=self.logs,
             emit=self.emit,
         )
 
@@ -229,11 +238,11 @@ class Search:
             self._finished += 1
             if value is not None and (self._best is None or value > self._best):
                 self._best, self._stale = value, 0
-            elif not trial.user_attrs.get("baseline"):
+            elif not tr.is_baseline(trial):
                 self._stale += 1
 
     def _limit_reached(self) -> bool:
-        d = self.objective.d
+        d = self.d
         sampler = self.study.sampler
         with self._lock:
             if isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(
@@ -267,9 +276,7 @@ class Search:
                 return True
             self._stopped("budget", f"{left:.0f} s left, less than a trial ({wall:.0f} s)")
             return False
-        qualify, ablate, rounds = reserve_for(
-            self.study, self.space.baseline_params(), self.objective.d
-        )
+        qualify, ablate, rounds = reserve_for(self.study, self.space.baseline_params(), self.d)
         kept = self.budget.reserve_s(to_revalidate=qualify, ablate=ablate, rounds=rounds)
         if left >= wall + kept:
             return True
@@ -294,7 +301,7 @@ class Search:
     def _converged(self) -> bool:
         """The convergence stop (module doc; ``stop.Convergence``), once the screening is done
         and unless ``--no-early-stop``, a multi-objective study or a grid."""
-        d = self.objective.d
+        d = self.d
         if not d.early_stop or d.multi_objective or d.sampler == "grid":
             return False
         if self.screening is not None and self.screening.is_open():
@@ -329,7 +336,7 @@ class Search:
         first baseline nor the slow drift of a shared machine biases them."""
         with self._lock:
             trials = self.study.get_trials(deepcopy=False)
-            marked = [t for t in trials if t.user_attrs.get("baseline")]
+            marked = [t for t in trials if tr.is_baseline(t)]
             if any(not t.state.is_finished() for t in marked):
                 return  # one is queued or running
             last = max((t.number for t in marked), default=-1)
@@ -337,7 +344,7 @@ class Search:
             if sum(t.state.is_finished() for t in since) >= ANCHOR_EVERY:
                 enqueue_anchor(self.study, self.space, f"every {ANCHOR_EVERY} trials")
 
-    def _trials_on(self, runner: TrialRunner) -> None:
+    def _trials_on(self, runner: Placement) -> None:
         """One worker thread: trials on ``runner``, one after another, until the budget, a
         limit or a stop. A cluster with no room left raises ``ClusterLost`` before a trial is
         asked for in vain."""
@@ -376,8 +383,7 @@ class Search:
                 self.tick()
                 next(e for e in done if not e.is_set()).wait(timeout=0.5)
         except KeyboardInterrupt as e:
-            self.objective.interrupted_by = interrupted_by(e)
-            self.objective.interrupted.set()
+            self.objective.interrupt(interrupted_by(e))
             self._stop.set()
             self.measure.abort()
             deadline = time.monotonic() + ABORT_WAIT_S

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import shutil
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,20 +42,26 @@ from autotune.definition.space import ResolvedSpace
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.measure import Measurer
 from autotune.launch.results import TrialResult
-from autotune.record.study import (
-    DRIVER,
-    anchors,
-    baseline_trial,
-    incumbent,
-    measurement_attrs,
-    record_failure,
-    tag,
-    throughput,
-)
+from autotune.record import trial as tr
+from autotune.record.study import DRIVER, anchors, baseline_trial, incumbent, tag, throughput
 from autotune.report.events import Emit, Outcome, TrialFinished, TrialStarted
 from autotune.search.budget import Budget
 
 __all__ = ["Objective", "keep_logs"]
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """Which run a trial is: of the defaults or not, and whether the defaults were measured
+    before it (a later run of the defaults is an anchor)."""
+
+    baseline: bool
+    measured_before: bool
+
+    @property
+    def first(self) -> bool:
+        """The first run of the defaults: the baseline every speedup is over."""
+        return self.baseline and not self.measured_before
 
 
 def keep_logs(trial: optuna.Trial, log_dir: Path | None) -> None:
@@ -62,7 +69,7 @@ def keep_logs(trial: optuna.Trial, log_dir: Path | None) -> None:
     baseline's and every failed trial's logs are kept; a trial that completes or is pruned
     has its logs deleted at once, so the directory grows only with failures."""
     if log_dir is not None and log_dir.is_dir():
-        trial.set_user_attr("logs", str(log_dir))
+        tr.save_logs(trial, str(log_dir))
 
 
 class Objective:
@@ -87,85 +94,52 @@ class Objective:
         self.budget = budget
         self.emit = emit
         self.tokens_per_sample = tokens_per_sample  # language models: tokens/s recorded too
-        #: Set by the search driver on Ctrl-C or SIGTERM: a trial failing now was killed by it.
+        #: Set on Ctrl-C or SIGTERM (``interrupt``): a trial failing now was killed by it.
         self.interrupted = threading.Event()
         #: What interrupted the run, for the trials it killed.
         self.interrupted_by = "Ctrl-C"
 
+    def interrupt(self, by: str) -> None:
+        """Ctrl-C or SIGTERM (``by``) landed on the search driver's main thread, which is
+        killing every running trial: a trial failing from now on is recorded ``interrupted``."""
+        self.interrupted_by = by
+        self.interrupted.set()
+
     def __call__(self, trial: optuna.Trial) -> float | tuple[float, float]:
         t0 = self.budget.now()
-        trial.set_user_attr("driver", DRIVER)
         values = self.space.suggest(trial)
         config = TrialConfig.from_values(values, self.space.target)
-        trial.set_user_attr("config", config.to_dict())
-        is_baseline = bool(trial.user_attrs.get("baseline"))
+        tr.save_start(trial, DRIVER, config)
         # every measured run of the defaults: the first is the baseline, the latest the
         # nearest so far
         runs = anchors(self.study)
-        baseline = throughput(runs[0]) if runs else None
-        reference = throughput(runs[-1]) if runs else None
         # a run of the defaults after the first baseline: it re-anchors speedups, and failing
         # is a trial's failure, not the run's
-        is_anchor = is_baseline and baseline is not None
+        kind = _Kind(tr.is_baseline(trial), bool(runs))
         changes = changed_knobs(trial.params, self.space.defaults())
         self.emit(TrialStarted(tag=tag(trial), changes=changes))
-        log_dir = None if self.logs is None else self.logs / f"trial-{trial.number}"
         try:
-            illegal = self.space.illegal(values)
-            if illegal:
-                raise TrialFailed(FailureReason.ILLEGAL, illegal)
-            # Pruning compares throughput only: it would cut memory-lean configurations short
-            # in a multi-objective study, and Optuna has no pruning there.
-            prune = not (is_baseline or self.d.multi_objective)
-            bar = self._bar(trial) if prune else None
-            try:
-                result = self.measure(trial.number, config, bar, log_dir=log_dir)
-            except BaseException:
-                keep_logs(trial, log_dir)  # a failure's output is what the user reads first
-                raise
-            if is_baseline and not is_anchor:
-                keep_logs(trial, log_dir)  # what the defaults printed, to compare with
-            elif log_dir is not None:  # a trial that ran: its output is not kept
-                shutil.rmtree(log_dir, ignore_errors=True)
+            result = self._measure(trial, values, config, kind)
         except ClusterLost as e:
-            record_failure(trial, TrialFailed(FailureReason.CLUSTER_LOST, str(e)))
+            tr.save_failure(trial, TrialFailed(FailureReason.CLUSTER_LOST, str(e)))
             raise
         except TrialFailed as e:
-            failure = e
-            if self.interrupted.is_set():  # its ranks were killed by Ctrl-C in another thread
-                failure = TrialFailed(
-                    FailureReason.INTERRUPTED, f"{self.interrupted_by} during the trial"
-                )
-            wall = self.budget.now() - t0
-            trial.set_user_attr("wall_s", round(wall, 3))
-            self.budget.trial_done(wall)
-            self._fail(trial, failure, changes)
-            if is_baseline and not is_anchor:
-                raise BaselineFailed(
-                    f"the baseline trial (PyTorch defaults) failed: {failure}; the workload "
-                    f"must run with the defaults before it can be tuned"
-                ) from None
-            raise failure from None
+            raise self._failed(trial, e, kind, changes, t0) from None
         # None: another driver's baseline is not measured yet (a shared study's first minutes)
         # an anchor's speedup is its drift from the first baseline
-        ref = baseline if is_baseline else reference
-        speedup = 1.0 if is_baseline and not is_anchor else result.throughput / ref if ref else None
-        attrs = measurement_attrs(result, speedup, tokens_per_sample=self.tokens_per_sample)
+        ref = None if not runs else throughput(runs[0 if kind.baseline else -1])
+        speedup = 1.0 if kind.first else result.throughput / ref if ref else None
+        measured = tr.Measurement.of(result, speedup, self.tokens_per_sample)
+        found: dict[str, Any] = {}
         # the first baseline is the reference; a later run of the defaults (an anchor) is an
         # fp32 rerun, which tells how exactly the workload repeats its steps
-        drifted = None if is_baseline and not is_anchor else self._drift(config, attrs)
-        for k, v in attrs.items():
-            trial.set_user_attr(k, v)
+        drifted = None if kind.first else self._drift(config, measured.loss_curve, found)
+        tr.save_measurement(trial, measured)
+        tr.save_drift(trial, found)
         if not self.d.multi_objective:  # Optuna takes no intermediate values there
             for i, w in enumerate(result.windows):
                 trial.report(w, i)  # the dashboard's intermediate values: one per window
-        per_window = result.window_s / len(result.windows)
-        m = self.d.measure
-        # a re-measurement run: its windows, after a warm-up shorter by the steps its settle
-        # rule needs fewer
-        fewer = m.rerun().warmup_steps_fewer(m) * result.step_time_s
-        rerun = max(result.overhead_s - fewer, 0.0) + m.rerun_windows * per_window
-        self.budget.trial_done(self.budget.now() - t0, rerun)
+        self.budget.trial_done(self.budget.now() - t0, self._rerun_s(result))
         if drifted is not None:  # over pruning too: the more telling verdict
             self._fail(trial, drifted, changes)
             raise drifted
@@ -178,13 +152,65 @@ class Objective:
             return result.throughput, result.peak_memory_mb
         return result.throughput
 
+    def _measure(
+        self, trial: optuna.Trial, values: dict[str, Any], config: TrialConfig, kind: _Kind
+    ) -> TrialResult:
+        """Measure ``trial``'s configuration, keeping the rank logs the rule keeps."""
+        log_dir = None if self.logs is None else self.logs / f"trial-{trial.number}"
+        illegal = self.space.illegal(values)
+        if illegal:
+            raise TrialFailed(FailureReason.ILLEGAL, illegal)
+        # Pruning compares throughput only: it would cut memory-lean configurations short
+        # in a multi-objective study, and Optuna has no pruning there.
+        prune = not (kind.baseline or self.d.multi_objective)
+        bar = self._bar(trial) if prune else None
+        try:
+            result = self.measure(trial.number, config, bar, log_dir=log_dir)
+        except BaseException:
+            keep_logs(trial, log_dir)  # a failure's output is what the user reads first
+            raise
+        if kind.first:
+            keep_logs(trial, log_dir)  # what the defaults printed, to compare with
+        elif log_dir is not None:  # a trial that ran: its output is not kept
+            shutil.rmtree(log_dir, ignore_errors=True)
+        return result
+
+    def _failed(
+        self, trial: optuna.Trial, e: TrialFailed, kind: _Kind, changes: dict, t0: float
+    ) -> Exception:
+        """Record a failed trial and tell the budget; what to raise: the failure, or
+        ``BaselineFailed`` when the first run of the defaults failed."""
+        failure = e
+        if self.interrupted.is_set():  # its ranks were killed by Ctrl-C in another thread
+            failure = TrialFailed(
+                FailureReason.INTERRUPTED, f"{self.interrupted_by} during the trial"
+            )
+        wall = self.budget.now() - t0
+        tr.save_wall(trial, wall)
+        self.budget.trial_done(wall)
+        self._fail(trial, failure, changes)
+        if kind.first:
+            return BaselineFailed(
+                f"the baseline trial (PyTorch defaults) failed: {failure}; the workload "
+                f"must run with the defaults before it can be tuned"
+            )
+        return failure
+
+    def _rerun_s(self, result: TrialResult) -> float:
+        """What a re-measurement run of this configuration will cost: its windows, after a
+        warm-up shorter by the steps its settle rule needs fewer."""
+        per_window = result.window_s / len(result.windows)
+        m = self.d.measure
+        fewer = m.rerun().warmup_steps_fewer(m) * result.step_time_s
+        return max(result.overhead_s - fewer, 0.0) + m.rerun_windows * per_window
+
     def _bar(self, trial: optuna.Trial) -> Interval | None:
         """The interval a trial is pruned below: the incumbent's; for a screening trial the
         baseline's, since screening asks whether a knob beats the defaults, not the best."""
-        if "screen" in trial.user_attrs:
+        if tr.screen_label(trial) is not None:
             base = baseline_trial(self.study)
-            if base is not None and "interval" in base.user_attrs:
-                return Interval.from_dict(base.user_attrs["interval"])
+            if base is not None and (bar := tr.interval(base)) is not None:
+                return bar
         return incumbent(self.study)
 
     def _finished(
@@ -206,7 +232,7 @@ class Objective:
 
     def _fail(self, trial: optuna.Trial, failure: TrialFailed, changes: dict) -> None:
         """Record why ``trial`` fails and say so."""
-        record_failure(trial, failure)
+        tr.save_failure(trial, failure)
         self.emit(
             TrialFinished(
                 tag=tag(trial),
@@ -219,7 +245,9 @@ class Objective:
             )
         )
 
-    def _drift(self, config: TrialConfig, attrs: dict[str, Any]) -> TrialFailed | None:
+    def _drift(
+        self, config: TrialConfig, curve: list[float], attrs: dict[str, Any]
+    ) -> TrialFailed | None:
         """The numerics guard (``autotune.core.numerics``): record the drift of a configuration that
         changes numerics in ``attrs``; the failure to record when it is over the tolerance and
         the study does not allow drift.
@@ -230,10 +258,11 @@ class Objective:
         data order does not, and then no verdict is given (``numerics_unjudged`` says why)."""
         changed = changes_numerics(config)
         base = baseline_trial(self.study)
-        base_curve = None if base is None else base.user_attrs.get("loss_curve")
-        if base is not None and base.user_attrs["config"]["global_batch"] != config.global_batch:
+        base_curve = None if base is None else tr.loss_curve(base)
+        stored = (tr.config_dict(base) or {}) if base is not None else {}
+        if base is not None and stored.get("global_batch") != config.global_batch:
             base_curve = None  # --free-batch: other samples per step, no like-for-like curve
-        found = drift(attrs["loss_curve"], base_curve) if base_curve else None
+        found = drift(curve, base_curve) if base_curve else None
         if found is None:
             return None
         value, steps = found
@@ -262,6 +291,5 @@ class Objective:
 
     def _fp32_drift(self) -> float:
         """The largest ``fp32_drift`` recorded so far in the study (0 when none)."""
-        seen = [t.user_attrs.get("fp32_drift") for t in self.study.get_trials(deepcopy=False)]
-        return max((math.inf if x == "inf" else float(x) for x in seen if x is not None),
-                   default=0.0)  # fmt: skip
+        seen = [tr.fp32_drift(t) for t in self.study.get_trials(deepcopy=False)]
+        return max((x for x in seen if x is not None), default=0.0)

@@ -21,6 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.core.compat import STUDY_TRIALS_METHOD, call_study_trials
 from autotune.core.errors import ConfigError
 from autotune.launch.failures import learned_reasons
+from autotune.record import trial as tr
 
 __all__ = ["LEARNED_REASONS", "FailureAwareTPESampler", "make_sampler"]
 
@@ -56,7 +57,7 @@ class _FailuresAsPruned:
             return trials
         failed = []
         for t in self._study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
-            if t.user_attrs.get("reason") in LEARNED_REASONS:
+            if tr.reason(t) in LEARNED_REASONS:
                 shown = copy.copy(t)
                 shown.state = TrialState.PRUNED
                 failed.append(shown)

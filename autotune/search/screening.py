@@ -44,10 +44,14 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autotune.core.knobs import Target
-from autotune.definition.space import ResolvedSpace, contains
+from autotune.core.target import Target
+from autotune.definition.distributions import contains
+from autotune.definition.space import ResolvedSpace
 from autotune.limit.evidence import Evidence, expected_gain
+from autotune.record import trial as tr
+from autotune.record.attrs import ScreenEffect, load_screening, save_screening
 from autotune.record.study import anchors, enqueue_anchor, throughput
+from autotune.record.typed import write
 from autotune.report.events import ScreeningDone
 
 __all__ = ["HELPS", "PRIORS", "Planned", "Prior", "Screening", "applicable", "plan", "ruled_out"]
@@ -65,8 +69,12 @@ def _always(t: Target) -> bool:
 
 def _ours(t: optuna.trial.FrozenTrial) -> bool:
     """A trial the screening queued."""
-    a = t.user_attrs
-    return "screen" in a or "combination" in a or "fold" in a or a.get("anchor") == AGAIN
+    return (
+        tr.screen_label(t) is not None
+        or tr.combination(t) is not None
+        or tr.fold(t) is not None
+        or tr.anchor(t) == AGAIN
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,17 +196,10 @@ def plan(space: ResolvedSpace, evidence: Evidence | None) -> tuple[list[Planned]
 def ruled_out(study: optuna.Study) -> frozenset[str]:
     """The knob names whose screening trial the run measured as no gain (completed, not
     ``helps``): the limit line does not name their family as the next step."""
-    summary = study.user_attrs.get("screening")
     out: set[str] = set()
-    if isinstance(summary, dict):
-        for s in summary.values():
-            if (
-                isinstance(s, dict)
-                and s.get("helps") is False
-                and isinstance(s.get("moves"), dict)
-                and s.get("state") in ("COMPLETE", "PRUNED")
-            ):
-                out.update(k for k in s["moves"] if isinstance(k, str))
+    for s in (load_screening(study) or {}).values():
+        if not s.helps and s.state in ("COMPLETE", "PRUNED"):
+            out.update(s.moves)
     return frozenset(out)
 
 
@@ -225,21 +226,14 @@ def verdict(effect: dict[str, Any]) -> str:
     return "no gain beyond the noise"
 
 
-def _combine(summary: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _combine(summary: dict[str, ScreenEffect]) -> tuple[list[ScreenEffect], dict[str, Any]]:
     """The screened priors that helped and still move the combination, and its moves. Two
     values of one knob (bf16 and tf32) combine into the better one alone."""
-    helped = [
-        s
-        for s in summary.values()  # a resumed study's record may be someone else's: checked
-        if isinstance(s, dict)
-        and s.get("helps") is True
-        and isinstance(s.get("speedup"), (int, float))
-        and isinstance(s.get("moves"), dict)
-    ]
+    helped = [s for s in summary.values() if s.helps and s.speedup is not None]
     moves: dict[str, Any] = {}
-    for s in sorted(helped, key=lambda s: s["speedup"]):  # the better value last
-        moves.update(s["moves"])
-    kept = [s for s in helped if all(moves[k] == v for k, v in s["moves"].items())]
+    for s in sorted(helped, key=lambda s: s.speedup or 0.0):  # the better value last
+        moves.update(s.moves)
+    kept = [s for s in helped if all(moves[k] == v for k, v in s.moves.items())]
     return kept, moves
 
 
@@ -274,16 +268,16 @@ class Screening:
 
     def is_open(self) -> bool:
         """Whether the screening is still going on (its effects not summarised yet)."""
-        return not isinstance(self.study.user_attrs.get("screening"), dict)
+        return load_screening(self.study) is None
 
     def untried(self) -> list[Planned]:
         """The planned priors not screened yet (none once the screening is summarised)."""
         if not self.is_open():
             return []
         done = {
-            t.user_attrs["screen"]
+            tr.screen_label(t)
             for t in self.study.get_trials(deepcopy=False)
-            if "screen" in t.user_attrs and t.state != TrialState.WAITING
+            if t.state != TrialState.WAITING
         }
         return [t for t in plan(self.space, self.evidence)[0] if t.prior.label not in done]
 
@@ -296,79 +290,80 @@ class Screening:
             ours = [t for t in trials if _ours(t)]
             if any(t.state == TrialState.WAITING for t in ours):
                 return None
-            summary = self.study.user_attrs.get("screening")
-            if isinstance(summary, dict):  # screened (in this run or an earlier one)
+            summary = load_screening(self.study)
+            if summary is not None:  # screened (in this run or an earlier one)
                 self._fold_over(trials, summary)
                 return None
-            done = {t.user_attrs["screen"] for t in ours if "screen" in t.user_attrs}
+            done = {tr.screen_label(t) for t in ours}
             todo = [t for t in plan(self.space, self.evidence)[0] if t.prior.label not in done]
             if todo:
-                attrs: dict[str, Any] = {"screen": todo[0].prior.label}
+                marks: dict[str, Any] = {"screen": todo[0].prior.label}
                 if todo[0].gain is not None:
-                    attrs["expected_gain"] = round(todo[0].gain, 4)
-                self.study.enqueue_trial(todo[0].params, user_attrs=attrs)
+                    marks["expected_gain"] = round(todo[0].gain, 4)
+                tr.enqueue(self.study, todo[0].params, **marks)
                 return None
-            screened = [t for t in ours if "screen" in t.user_attrs]
-            again = [t for t in ours if t.user_attrs.get("anchor") == AGAIN]
+            screened = [t for t in ours if tr.screen_label(t) is not None]
+            again = [t for t in ours if tr.anchor(t) == AGAIN]
             if screened and not again:  # the effects are measured against both runs
                 enqueue_anchor(self.study, self.space, AGAIN)
                 return None
             if any(not t.state.is_finished() for t in screened + again):
                 return None  # a concurrent trial of ours is still running
             summary = self._summary(screened)
-            self.study.set_user_attr("screening", summary)
+            save_screening(self.study, summary)
             kept, moves = _combine(summary)
             params = moved(self.space, moves) if len(kept) >= 2 else None
             labels: list[str] = []
             if params is not None:  # else nothing to combine: the sampler takes over
-                labels = [s["label"] for s in kept]
-                self.study.enqueue_trial(params, user_attrs={"combination": labels})
-            return ScreeningDone(effects=list(summary.values()), combined=labels)
+                labels = [s.label for s in kept]
+                tr.enqueue(self.study, params, combination=labels)
+            return ScreeningDone(effects=[write(e) for e in summary.values()], combined=labels)
 
-    def _fold_over(self, trials: list[optuna.trial.FrozenTrial], summary: dict[str, Any]) -> None:
+    def _fold_over(
+        self, trials: list[optuna.trial.FrozenTrial], summary: dict[str, ScreenEffect]
+    ) -> None:
         """Queue the next fold-over trial, if any: the combination with one of its knobs left
         out, unless a trial of the study already ran those params."""
-        if not any("combination" in t.user_attrs for t in trials):
+        if not any(tr.combination(t) is not None for t in trials):
             return
         kept, moves = _combine(summary)
         if len(kept) < 3:
             return
-        done = {t.user_attrs["fold"] for t in trials if "fold" in t.user_attrs}
+        done = {tr.fold(t) for t in trials}
         seen = [t.params for t in trials]
         for s in kept:
-            if s["label"] in done:
+            if s.label in done:
                 continue
-            rest = {k: v for k, v in moves.items() if k not in s["moves"]}
+            rest = {k: v for k, v in moves.items() if k not in s.moves}
             params = moved(self.space, rest) if set(rest) <= set(self.space.defaults()) else None
             if params is not None and params not in seen:
-                self.study.enqueue_trial(params, user_attrs={"fold": s["label"]})
+                tr.enqueue(self.study, params, fold=s.label)
                 return
 
-    def _summary(self, screened: list[optuna.trial.FrozenTrial]) -> dict[str, dict[str, Any]]:
+    def _summary(self, screened: list[optuna.trial.FrozenTrial]) -> dict[str, ScreenEffect]:
         """Each screened prior: its trial, state, speedup over the baseline and whether it
         helps."""
         # the defaults as measured before and after the screening trials
         runs = [throughput(t) for t in anchors(self.study)]
         base_value = statistics.median(runs) if runs else None
         by_label = {p.label: p for p in PRIORS}
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, ScreenEffect] = {}
         for t in screened:
-            label = t.user_attrs["screen"]
+            label = tr.screen_label(t) or ""
             speedup = None  # a PRUNED trial's too: its windows' median, clearly below
-            measured = t.user_attrs.get("throughput")
+            measured = tr.measured(t, "throughput")
             if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and base_value and measured:
                 speedup = measured / base_value
             prior = by_label.get(label)
-            out[label] = {
-                "label": label,
-                "trial": t.number,
-                "state": t.state.name,
-                "speedup": None if speedup is None else round(speedup, 4),
-                "interval": t.user_attrs.get("interval"),
-                "helps": t.state == TrialState.COMPLETE
-                and speedup is not None
+            out[label] = ScreenEffect(
+                label=label,
+                trial=t.number,
+                state=t.state.name,
+                speedup=None if speedup is None else round(speedup, 4),
+                interval=tr.interval_record(t),
+                helps=t.state == TrialState.COMPLETE and speedup is not None
                 and speedup > 1 + HELPS,
-                "moves": {} if prior is None else dict(prior.moves),
-                "reason": "" if prior is None else prior.reason,
-            }
+                moves={} if prior is None else dict(prior.moves),
+                reason="" if prior is None else prior.reason,
+            )  # fmt: skip
         return out

@@ -15,19 +15,18 @@ The kinds:
 
 from __future__ import annotations
 
-import math
 import statistics
 import threading
 import warnings
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import optuna
 
 from autotune.core.knobs import changed_knobs
-from autotune.definition.durations import format_duration
 from autotune.definition.studydef import StudyDefinition
-from autotune.limit.evidence import FIRST_ATTR, Evidence
+from autotune.limit.evidence import Evidence
+from autotune.record import trial as tr
+from autotune.record.attrs import ATTRS, FirstMeasurement, StopRecord, load
 from autotune.record.study import (
     anchored_speedups,
     anchors,
@@ -36,9 +35,10 @@ from autotune.record.study import (
     rel_noise,
     throughput,
 )
+from autotune.record.typed import RecordError
 from autotune.search.budget import rounds_to_tell
 
-__all__ = ["KINDS", "STOP_ATTR", "Convergence", "StopRecord", "noise_rel", "reserve_for"]
+__all__ = ["STOP_ATTR", "Convergence", "StopRecord", "noise_rel", "reserve_for"]
 __all__ += ["search_lines"]
 
 #: Completed trials before convergence is judged (the GP's own minimum is 20).
@@ -55,61 +55,8 @@ NOISE_FLOOR = 0.01
 #: The least noise a candidate's gain is judged against (``screening.HELPS``).
 LEAST_NOISE = 0.02
 
-#: The study's user attribute holding the last run's stop.
-STOP_ATTR = "stop"
-KINDS = (
-    "budget",
-    "converged",
-    "n_trials",
-    "patience",
-    "grid",
-    "interrupted",
-    "cluster_lost",
-    "error",
-)
-
-
-@dataclass(frozen=True, kw_only=True)
-class StopRecord:
-    kind: str
-    why: str
-    """One line, for people."""
-    at_s: float
-    """Seconds of the budget used when the search stopped."""
-    budget_s: float
-    kept_s: float = 0.0
-    """Of the budget left then, the seconds kept for what follows the search."""
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"stop record: kind {self.kind!r} is not one of {', '.join(KINDS)}")
-
-    @property
-    def left_s(self) -> float:
-        return max(self.budget_s - self.at_s, 0.0)
-
-    def line(self) -> str:
-        at, budget = format_duration(round(self.at_s)), format_duration(round(self.budget_s))
-        return f"Search stopped at {at} of {budget}: {self.why}"
-
-    def to_attrs(self) -> dict[str, Any]:
-        return {k: round(v, 2) if isinstance(v, float) else v for k, v in asdict(self).items()}
-
-    @classmethod
-    def from_attrs(cls, raw: object) -> StopRecord:
-        """A stored record read back and checked (a study may be someone else's)."""
-        if not isinstance(raw, dict):
-            raise ValueError("stop record: not a mapping")
-        kind, why = raw.get("kind"), raw.get("why")
-        if not isinstance(kind, str) or not isinstance(why, str):
-            raise ValueError("stop record: kind and why must be text")
-        nums = {}
-        for k in ("at_s", "budget_s", "kept_s"):
-            v = raw.get(k, 0.0)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ValueError(f"stop record: {k} is not a number")
-            nums[k] = float(v)
-        return cls(kind=kind, why=why[:500], **nums)
+#: The study's user attribute holding the last run's stop (``record.attrs.StopRecord``).
+STOP_ATTR = ATTRS[StopRecord]
 
 
 def noise_rel(study: optuna.Study) -> float:
@@ -147,7 +94,7 @@ def reserve_for(
     above = 0
     for t in sorted(done, key=lambda t: -speedups.get(t.number, 0.0)):
         key = tuple(sorted(t.params.items()))
-        if t.user_attrs.get("baseline") or key in seen:
+        if tr.is_baseline(t) or key in seen:
             continue
         seen.add(key)
         speedup, noise = speedups.get(t.number, 0.0), max(rel_noise(t), floor)
@@ -215,16 +162,15 @@ def search_lines(study: optuna.Study) -> list[tuple[str, str]]:
     """What the first measurement found and why the search stopped, for the report: the
     records read back and checked (an unreadable one says so)."""
     out = []
-    first = study.user_attrs.get(FIRST_ATTR)
-    if first is not None:
-        try:
-            ev = Evidence.from_attrs(first.get("evidence") if isinstance(first, dict) else None)
-            out.append(("first measurement", ev.describe()))
-        except ValueError as err:
-            out.append(("first measurement", f"unreadable ({err})"))
-    if (raw := study.user_attrs.get(STOP_ATTR)) is not None:
-        try:
-            out.append(("search stopped", StopRecord.from_attrs(raw).line()))
-        except ValueError as err:
-            out.append(("search stopped", f"unreadable ({err})"))
+    try:
+        first = load(study, FirstMeasurement)
+        if first is not None:
+            out.append(("first measurement", Evidence.from_attrs(first.evidence).describe()))
+    except (RecordError, ValueError) as err:
+        out.append(("first measurement", f"unreadable ({err})"))
+    try:
+        if (stop := load(study, StopRecord)) is not None:
+            out.append(("search stopped", stop.line()))
+    except RecordError as err:
+        out.append(("search stopped", f"unreadable ({err})"))
     return out

@@ -16,14 +16,16 @@ from typing import Any
 
 import optuna
 
-from autotune.core.config import TrialConfig
+from autotune.core.compare import choose, interleave
 from autotune.core.errors import TrialFailed
 from autotune.core.knobs import changed_knobs
-from autotune.core.stats import choose, interleave
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.measure import Measurer
 from autotune.launch.results import TrialResult
+from autotune.record import trial as tr
+from autotune.record.attrs import ValidationRecord, save
 from autotune.record.study import anchored_speedups, baseline_trial, complete
+from autotune.record.typed import read
 from autotune.report.events import (
     Emit,
     Note,
@@ -49,7 +51,7 @@ def candidates(study: optuna.Study, top: int) -> dict[str, optuna.trial.FrozenTr
     speedups = anchored_speedups(done)
     for t in sorted(done, key=lambda t: -speedups[t.number]):
         key = tuple(sorted(t.params.items()))
-        if t.user_attrs.get("baseline") or key in seen or speedups[t.number] <= 1.0:
+        if tr.is_baseline(t) or key in seen or speedups[t.number] <= 1.0:
             continue
         seen.add(key)
         out[f"trial {t.number}"] = t
@@ -101,7 +103,7 @@ def revalidate(
     measure: Measurer,
     emit: Emit,
     defaults: dict[str, Any],
-) -> dict[str, Any] | None:
+) -> ValidationRecord | None:
     """Measure the best ``plan[0]`` configurations and the baseline again over ``plan[1]``
     interleaved rounds; store the choice made from those numbers on the study (user attribute
     ``validation``) and return it. None when there is no plan, nothing above the baseline, the
@@ -122,26 +124,21 @@ def revalidate(
     trials = {"baseline": base, **picked}
 
     def run(key: str) -> TrialResult:
-        emit(
-            TrialStarted(
-                tag=f"re-validating {key}", changes=changed_knobs(trials[key].params, defaults)
-            )
-        )
-        config = TrialConfig.from_dict(trials[key].user_attrs["config"])
-        return measure(trials[key].number, config, measure=rerun)
+        changes = changed_knobs(trials[key].params, defaults)
+        emit(TrialStarted(tag=f"re-validating {key}", changes=changes))
+        return measure(trials[key].number, tr.config(trials[key]), measure=rerun)
 
     done = measure_interleaved(keys, order, run, emit, essential="baseline")
     if done is None:
         emit(ValidationDone(winner=None, reason="The baseline failed: re-validation abandoned"))
         return None
     runs, failed, timed_s = done
-    for key in failed:
-        runs.pop(key)
+    runs = {k: v for k, v in runs.items() if k not in failed}
     if len(runs) < 2:
         emit(ValidationDone(winner=None, reason="Every candidate failed: nothing to re-validate"))
         return None
     v = choose(runs, "baseline")
-    record = {
+    record = read(ValidationRecord, {
         **v.to_dict(),
         "trials": {k: trials[k].number for k in runs},
         "order": order,
@@ -149,15 +146,9 @@ def revalidate(
         "failed": failed,
         "timed_s": round(timed_s, 3),
         "after_trial": max(t.number for t in study.get_trials(deepcopy=False)),
-    }
-    study.set_user_attr("validation", record)
+    }, "validation")  # fmt: skip
+    save(study, record)
     sp = v.speedup
-    emit(
-        ValidationDone(
-            winner=v.winner,
-            beats_baseline=v.beats_baseline,
-            speedup=(sp.low, sp.median, sp.high),
-            reason=v.reason,
-        )
-    )
+    emit(ValidationDone(winner=v.winner, beats_baseline=v.beats_baseline,
+                        speedup=(sp.low, sp.median, sp.high), reason=v.reason))  # fmt: skip
     return record

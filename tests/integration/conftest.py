@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from autotune.core.config import MeasureSettings, TrialConfig
-from autotune.core.knobs import Target
+from autotune.core.target import Target
 from autotune.definition.space import SearchSpace
 from autotune.launch.launcher import TrialRunner
 from tests.conftest import autotune_cmd
@@ -84,3 +86,34 @@ def reference(trials, t) -> float:
     baseline)."""
     done = defaults_before(trials, t.number)
     return done[0] if t.user_attrs.get("baseline") else done[-1]
+
+
+def trial_running(
+    home: Path | str, study_name: str, number: int = 1, *, started: bool = True
+) -> Callable[[], bool]:
+    """For ``wait_for``: the study ``study_name`` in the SQLite database of run directory
+    ``home`` has a trial numbered ``number`` or later RUNNING (after the baseline: a trial that
+    runs its ranks now) and, with ``started``, that trial's ranks (or script) have begun it:
+    their log files are in the trial's log directory, which each rank opens as it starts the
+    trial. A trial that is only asked for may still run to its end after a Ctrl-C."""
+    import optuna
+    from optuna.trial import TrialState
+
+    db = Path(home) / "autotune.db"
+    logs = Path(home) / "logs" / study_name
+    study: list[optuna.Study] = []
+
+    def check() -> bool:
+        if not study:
+            if not db.exists():  # loading would create it
+                return False
+            try:
+                study.append(optuna.load_study(study_name=study_name, storage=f"sqlite:///{db}"))
+            except KeyError:  # not created yet
+                return False
+        trials = study[0].get_trials(deepcopy=False)
+        if len(trials) <= number or trials[-1].state != TrialState.RUNNING:
+            return False
+        return not started or any((logs / f"trial-{trials[-1].number}").glob("*.log"))
+
+    return check

@@ -28,7 +28,9 @@ def four_cpus():
 def test_two_trials_run_at_once_after_the_baseline(four_cpus, run_env):
     env = {**run_env, **four_cpus["env"]}
     p = subprocess.run(
-        autotune_cmd("run", "--study", "quick", "--budget", "35s", "--address",
+        # a trial count, not a 35-second budget: the baseline alone, then five trials two at
+        # a time, however loaded the machine
+        autotune_cmd("run", "--study", "quick", "--budget", "5m", "--n-trials", "6", "--address",
                      four_cpus["address"], "--concurrent-trials", "2", "--validate-top", "0",
                      "--quiet"),
         env=env, capture_output=True, text=True, timeout=400,

@@ -42,7 +42,7 @@ def gpu(ray_address):
 
     if ray.cluster_resources().get("GPU", 0) < 1:
         pytest.skip("the test's Ray instance sees no GPU")
-    from autotune.core.knobs import Target
+    from autotune.core.target import Target
     from autotune.launch.launcher import TrialRunner
 
     runner = TrialRunner(world_size=1, backend="nccl")

@@ -8,15 +8,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from autotune.core.config import TrialConfig
-from autotune.core.knobs import Target
+from autotune.core.target import Target
 from autotune.definition.space import SearchSpace
 from autotune.profile.profile import Profile
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -66,15 +66,6 @@ def stat(pid: int) -> tuple[str, int] | None:
 def alive(pid: int) -> bool:
     s = stat(pid)
     return s is not None and s[0] not in ("Z", "X")
-
-
-def wait_for(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

@@ -19,8 +19,11 @@ import pytest
 pytestmark = pytest.mark.integration
 
 AUTOTUNE = Path(sys.executable).with_name("autotune")
-#: How long to keep reading the sockets once the first trial has a result.
-WATCH_S = 12.0
+#: The run's trials (the baseline included): it ends on its own after them, its sockets read
+#: from the baseline's result to its end (a Ctrl-C instead would wait for the trial it cuts).
+TRIALS = 5
+#: How long to keep reading the sockets at most, before Ctrl-C ends the run.
+WATCH_S = 120.0
 
 
 def _address(hex_address: str) -> tuple[str, int]:
@@ -105,7 +108,8 @@ def test_every_socket_a_local_run_listens_on_is_loopback(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(AUTOTUNE_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
     run = subprocess.Popen(
-        [str(AUTOTUNE), "run", "--study", "quick", "--budget", "40s", "--validate-top", "0"],
+        [str(AUTOTUNE), "run", "--study", "quick", "--budget", "40s", "--n-trials", str(TRIALS),
+         "--validate-top", "0"],
         cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     seen: set[tuple[str, str, int]] = set()

@@ -11,14 +11,14 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tests.conftest import autotune_cmd
+from tests.conftest import autotune_cmd, wait_for
+from tests.integration.conftest import trial_running
 from tests.integration.raycluster import check_run_stopped_by_node_loss
 
 pytestmark = [pytest.mark.integration, pytest.mark.netlab]
@@ -194,9 +194,10 @@ def test_a_worker_node_killed_mid_trial_fails_the_trial_and_stops_the_run(up_lab
     )  # fmt: skip
     try:
         for line in p.stdout:
-            if "samples/s" in line:  # the baseline is measured: trials are running now
+            if "samples/s" in line:  # the baseline is measured
                 break
-        time.sleep(1.5)
+        # the next trial runs, one rank on the worker node (--placement spread)
+        assert wait_for(trial_running(run_env["AUTOTUNE_HOME"], "killed"), 60)
         pids = subprocess.run(["ip", "netns", "pids", "atlab-1"], capture_output=True,
                               text=True).stdout.split()  # fmt: skip
         assert pids, "no process in the worker node's namespace"

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import started_run
+from tests.conftest import started_run, wait_for
+from tests.integration.conftest import trial_running
 from tests.integration.raycluster import check_run_stopped_by_node_loss, pids_with, ray_cluster
 
 pytestmark = pytest.mark.integration
@@ -29,7 +29,8 @@ def test_losing_a_node_fails_the_trial_and_stops_the_run_with_a_clear_message(tw
     p = started_run({**run_env, **two_nodes["env"]}, "--study", "quick", "--budget", "5m",
                     "--address", two_nodes["address"])  # fmt: skip
     try:
-        time.sleep(1.5)  # the next trial has a rank on the worker node
+        # the next trial runs, a rank on the worker node
+        assert wait_for(trial_running(run_env["AUTOTUNE_HOME"], "quick-mlp-gloo-2r"), 60)
         raylets = pids_with(two_nodes["worker_raylets"][0])
         assert raylets, "the worker node's raylet was not found"
         for pid in raylets:

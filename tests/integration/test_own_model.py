@@ -1,6 +1,6 @@
 """The README's own-model example, exactly as written: its module saved as my_model.py, its
-command run from that directory (a local Ray instance, which gives the ranks that directory),
-with a short budget and the quick study's short windows added."""
+command run from that directory (a local Ray instance, which gives the ranks that directory and
+leaves no process behind), with a short budget and the quick study's short windows added."""
 
 from __future__ import annotations
 
@@ -29,12 +29,17 @@ def test_the_readme_example_is_at_most_30_lines():
     assert command[:2] == ["autotune", "run"]
 
 
-def test_the_readme_example_tunes_its_own_model(run_env, tmp_path):
+def test_the_readme_example_tunes_its_own_model_and_leaves_nothing_running(run_env, tmp_path):
+    from tests.integration.test_run_cli import ray_processes
+
+    before = ray_processes()
     code, command = example()
     (tmp_path / "my_model.py").write_text(code)
     args = command[2:]
     args[args.index("--budget") + 1] = "25s"  # the example says 10m
-    p = autotune(run_env, "run", *args, "--study", "quick", cwd=tmp_path, timeout=300)
+    # and three trials at most, without re-validation: done before the 25 s when it can be
+    p = autotune(run_env, "run", *args, "--study", "quick", "--n-trials", "3", "--validate-top",
+                 "0", cwd=tmp_path, timeout=300)  # fmt: skip
     study = optuna.load_study(study_name="quick-my_model.workload-gloo-2r",
                               storage=f"sqlite:///{tmp_path}/home/autotune.db")  # fmt: skip
     assert study.user_attrs["autotune"]["workload"]["options"] == {"hidden": 256}
@@ -42,6 +47,7 @@ def test_the_readme_example_tunes_its_own_model(run_env, tmp_path):
     assert study.trials[0].state == TrialState.COMPLETE and len(measured) >= 2, p.stdout
     assert all(t.user_attrs["config"]["global_batch"] == 256 for t in measured)
     assert (tmp_path / "home" / "profiles" / "quick-my_model.workload-gloo-2r.yaml").exists()
+    assert ray_processes() == before  # the local instance it started is gone
 
 
 def test_a_trainer_that_breaks_the_contract_is_refused_before_any_trial(run_env, tmp_path):

@@ -69,7 +69,9 @@ def postgres_url():
 
 
 def test_two_drivers_work_on_one_study(postgres_url, run_env, tmp_path):
-    args = ("--study", "quick", "--budget", "30s", "--storage", postgres_url,
+    # each driver ends after three trials of its own (--n-trials counts a driver's), not at a
+    # 30-second budget, which on a loaded machine could end before the second driver's first
+    args = ("--study", "quick", "--budget", "5m", "--n-trials", "3", "--storage", postgres_url,
             "--validate-top", "0", "--quiet")  # fmt: skip
     drivers = []
     for i in range(2):

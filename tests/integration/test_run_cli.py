@@ -17,13 +17,14 @@ from optuna.trial import TrialState
 from optuna_dashboard import get_note
 
 from autotune.profile.profile import Profile
-from tests.conftest import autotune_cmd, started_run
+from tests.conftest import autotune_cmd, started_run, wait_for
 from tests.integration.conftest import (
     BUDGET_S,
     STUDY,
     autotune,
     reference,
     runs_of_the_defaults,
+    trial_running,
 )
 
 pytestmark = pytest.mark.integration
@@ -210,16 +211,10 @@ def test_the_real_optuna_dashboard_reads_the_study(finished_run):
 
 def test_running_again_resumes_without_a_second_baseline(finished_run):
     before = {t.number: t.value for t in load(finished_run).trials}
-    autotune(
-        finished_run["env"],
-        "run",
-        "--study",
-        "quick",
-        "--budget",
-        "12s",
-        "--address",
-        finished_run["address"],
-    )
+    # one more trial (--n-trials counts this invocation's), not a short budget: on a loaded
+    # machine a 12-second budget may end before a trial does
+    autotune(finished_run["env"], "run", "--study", "quick", "--budget", "5m", "--n-trials", "1",
+             "--validate-top", "0", "--address", finished_run["address"])  # fmt: skip
     after = load(finished_run).trials
     assert len(after) > len(before)
     assert {t.number: t.value for t in after if t.number in before} == before
@@ -246,19 +241,17 @@ def local_study(run_env, name):
     return optuna.load_study(study_name=name, storage=url)
 
 
-def test_local_ray_runs_a_users_own_trainer_module_and_leaves_nothing_running(run_env):
-    before = ray_processes()
-    autotune(run_env, "run", "--study", "quick", "--budget", "10s",
-             "--trainer", "autotune_test_trainers:tiny", cwd=TESTS_DIR)  # fmt: skip
-    study = local_study(run_env, "quick-autotune_test_trainers.tiny-gloo-2r")
-    assert study.trials[0].state == TrialState.COMPLETE
-    assert study.trials[0].user_attrs["config"]["global_batch"] == 32
-    assert ray_processes() == before  # the local instance it started is gone
+# A local Ray instance running a user's own trainer module and leaving nothing running:
+# tests/integration/test_own_model.py (the README's example, run as written).
 
 
-def test_a_baseline_that_fails_stops_the_run_with_the_reason(run_env):
-    p = autotune(run_env, "run", "--study", "quick", "--budget", "60s",
+def test_a_baseline_that_fails_stops_the_run_with_the_reason(ray_address, run_env):
+    # `ray job submit -- autotune run ...` runs the command with RAY_ADDRESS set: the run
+    # joins that cluster (the session's instance here) instead of starting its own
+    env = {**run_env, "RAY_ADDRESS": ray_address}
+    p = autotune(env, "run", "--study", "quick", "--budget", "60s",
                  "--trainer", "autotune_test_trainers:raising", cwd=TESTS_DIR, rc=1)  # fmt: skip
+    assert f"Joined the Ray cluster at {ray_address} (RAY_ADDRESS)" in p.stdout, p.stdout
     assert ("baseline trial (PyTorch defaults) failed: crash: rank 1: RuntimeError: boom on "
             "purpose in rank 1") in p.stderr  # fmt: skip
     trials = local_study(run_env, "quick-autotune_test_trainers.raising-gloo-2r").trials
@@ -276,7 +269,8 @@ def test_ctrl_c_or_sigterm_records_the_running_trial_and_exports(
 
     p = started_run(run_env, "--study", "quick", "--budget", "5m", "--address", ray_address)
     try:
-        time.sleep(1.5)  # the next trial is starting its ranks
+        # the next trial is running its ranks (after the baseline, which printed its result)
+        assert wait_for(trial_running(run_env["AUTOTUNE_HOME"], STUDY), 60)
         p.send_signal(getattr(signal, signum))
         out = p.communicate(timeout=120)[0]
     finally:
@@ -351,12 +345,7 @@ def test_kill_9_then_the_same_command_resumes_the_study(ray_address, run_env, tm
     try:
         # kill -9 while a trial is running: wait until the study shows one (a trial of the
         # tiny model can be pruned within a second, and the next one is not asked for at once)
-        study, deadline = local_study(run_env, name), time.monotonic() + 60
-        while time.monotonic() < deadline:
-            trials = study.get_trials(deepcopy=False)
-            if len(trials) >= 3 and trials[-1].state == TrialState.RUNNING:
-                break
-            time.sleep(0.1)
+        wait_for(trial_running(run_env["AUTOTUNE_HOME"], name, number=2, started=False), 60)
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=30)
     finally:
@@ -367,13 +356,12 @@ def test_kill_9_then_the_same_command_resumes_the_study(ray_address, run_env, tm
     complete = {t.number: t.user_attrs["throughput"] for t in before if t.state in measured}
     assert len(complete) >= 2
     # Ray kills the actors of a dead driver: no rank process of the killed run is left.
-    deadline = time.monotonic() + 60
     pids = [int(f.name) for f in pid_dir.iterdir()]
-    while time.monotonic() < deadline and any(Path(f"/proc/{q}").exists() for q in pids):
-        time.sleep(0.5)
+    wait_for(lambda: not any(Path(f"/proc/{q}").exists() for q in pids), 60, every=0.5)
     assert not [q for q in pids if Path(f"/proc/{q}").exists()]
 
-    out = autotune(run_env, "run", *args, "--budget", "8s", cwd=TESTS_DIR).stdout
+    out = autotune(run_env, "run", *args, "--budget", "5m", "--n-trials", "1", "--validate-top",
+                   "0", cwd=TESTS_DIR).stdout  # fmt: skip
     assert f"Closed 1 trial(s) left RUNNING by a driver that died: {before[-1].number}" in out
     after = local_study(run_env, name).trials
     killed = after[before[-1].number]
@@ -392,7 +380,7 @@ def test_a_second_ctrl_c_exits_at_once_and_a_resume_finds_the_study_consistent(
     args = ("--study", "quick", "--address", ray_address)
     p = started_run(run_env, *args, "--budget", "5m")
     try:
-        time.sleep(1.0)
+        assert wait_for(trial_running(run_env["AUTOTUNE_HOME"], STUDY), 60)
         p.send_signal(signal.SIGINT)
         time.sleep(0.2)
         p.send_signal(signal.SIGINT)
@@ -412,16 +400,6 @@ def test_nccl_on_a_cluster_without_gpus_is_refused_before_anything_is_written(ra
                  "--address", ray_address, rc=2)  # fmt: skip
     assert "autotune: error: --backend nccl: the Ray cluster has no GPU" in p.stderr
     assert not Path(run_env["AUTOTUNE_HOME"]).exists()
-
-
-def test_ray_address_joins_the_cluster_as_ray_job_submit_would(ray_address, run_env):
-    # `ray job submit -- autotune run ...` runs the command with RAY_ADDRESS set: the run
-    # joins that cluster (the session's instance here) instead of starting its own.
-    env = {**run_env, "RAY_ADDRESS": ray_address}
-    p = autotune(env, "run", "--study", "quick", "--budget", "5m", "--n-trials", "1",
-                 "--validate-top", "0")  # fmt: skip
-    assert f"Joined the Ray cluster at {ray_address} (RAY_ADDRESS)" in p.stdout, p.stdout
-    assert "Search stopped at" in p.stdout and "--n-trials 1: 1 trials run" in p.stdout
 
 
 def group_of(pgid: int) -> list[str]:
@@ -463,9 +441,7 @@ def test_an_interrupt_while_the_local_ray_instance_starts_leaves_no_process(run_
     try:
         # the raylet runs: ray.init is waiting for it, and it is starting its agents (an
         # interrupt here used to leave DashboardAgent and RuntimeEnvAgent running)
-        deadline = time.monotonic() + 60
-        while not children_named(p.pid, "raylet") and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: children_named(p.pid, "raylet"), 60, every=0.05)
         assert p.poll() is None, p.communicate()[0]
         p.send_signal(getattr(signal, signum))
         out = p.communicate(timeout=60)[0]

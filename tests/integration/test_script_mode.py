@@ -23,11 +23,11 @@ from optuna.trial import TrialState
 
 from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.errors import FailureReason, TrialFailed
-from autotune.core.knobs import Target
+from autotune.core.target import Target
 from autotune.definition.space import SearchSpace
 from autotune.script.trial import run_script
-from tests.conftest import REPO, started_run
-from tests.integration.conftest import autotune
+from tests.conftest import REPO, started_run, wait_for
+from tests.integration.conftest import autotune, trial_running
 from tests.integration.test_launch_signals import alive
 
 pytestmark = pytest.mark.integration
@@ -50,7 +50,9 @@ def test_the_readme_script_is_tuned_and_then_trains_with_its_profile(run_env, tm
     assert run_cmd[:2] == ["autotune", "run"] and "--" in run_cmd
     args = run_cmd[2:]
     args[args.index("--budget") + 1] = "40s"  # the README says 10m
-    p = autotune(env, "run", "--study", "quick", *args, cwd=tmp_path, timeout=300)
+    # and three trials at most, without re-validation: done before the 40 s when it can be
+    p = autotune(env, "run", "--study", "quick", "--n-trials", "3", "--validate-top", "0", *args,
+                 cwd=tmp_path, timeout=300)  # fmt: skip
     name = "quick-script-train-gloo-2r"
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path}/home/autotune.db")
     measured = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
@@ -78,7 +80,8 @@ def test_ctrl_c_during_a_script_trial_ends_its_processes_and_exports(run_env, tm
     env = {**run_env, "PATH": BIN + os.pathsep + run_env.get("PATH", "")}
     p = started_run(env, "--study", "quick", "--budget", "5m", "--global-batch", "128", "--",
                     "torchrun", "--nproc-per-node", "2", "train.py", cwd=tmp_path)  # fmt: skip
-    time.sleep(3)  # the first trial after the baseline is running
+    # the first trial after the baseline is running
+    assert wait_for(trial_running(tmp_path / "home", "quick-script-train-gloo-2r"), 60)
     p.send_signal(signal.SIGINT)
     out, _ = p.communicate(timeout=120)
     assert p.returncode == 130, out
@@ -256,9 +259,31 @@ def test_the_numerics_guard_fails_a_script_trial_whose_loss_drifts(run_env, tmp_
     assert all(t.user_attrs.get("fp32_drift", 0) < 1e-3 for t in same)  # it repeats exactly
 
 
+SCRIPT_MEASURE = MeasureSettings(window_s=0.3, min_windows=2, max_windows=3)
+
+
+def loss_curve(script: Path, accumulation_steps: int, cwd: Path) -> list[float]:
+    """The loss curve (per optimizer step) of ``script`` run as a trial under torchrun."""
+    micro = TARGET.per_rank_batch // accumulation_steps
+    cfg = replace(config(), micro_batch=micro, accumulation_steps=accumulation_steps)
+    cmd = [os.path.join(BIN, "torchrun"), "--nproc-per-node", "2", str(script)]
+    r = run_script(cmd, cfg, world_size=2, measure=SCRIPT_MEASURE, timeout_s=120, cwd=cwd)
+    assert r.ranks[0].peak_memory_mb > 100  # a rank's peak resident set: torch alone is more
+    return r.ranks[0].loss_curve
+
+
+@pytest.fixture(scope="module")
+def reference_curve(tmp_path_factory) -> list[float]:
+    """The seeded script's curve at no accumulation: what every rerun is compared with (one
+    run shared by both accumulations)."""
+    d = tmp_path_factory.mktemp("reference")
+    (d / "seeded.py").write_text(UNDERFLOW.replace("SEED", "0"))
+    return loss_curve(d / "seeded.py", 1, d)
+
+
 @pytest.mark.parametrize("accumulation", [1, 4])
 def test_a_seeded_script_repeats_its_loss_curve_and_an_unseeded_one_does_not(
-    tmp_path, accumulation
+    tmp_path, accumulation, reference_curve
 ):
     """What the guard compares (``script_trial.loss_curve``): per optimizer step, the same
     samples at any accumulation; a script seeded from the clock gives another curve each run,
@@ -268,21 +293,11 @@ def test_a_seeded_script_repeats_its_loss_curve_and_an_unseeded_one_does_not(
     seeded, unseeded = tmp_path / "seeded.py", tmp_path / "unseeded.py"
     seeded.write_text(UNDERFLOW.replace("SEED", "0"))
     unseeded.write_text(UNDERFLOW.replace("SEED", "time.time_ns() % 2**31"))
-    measure = MeasureSettings(window_s=0.3, min_windows=2, max_windows=3)
-
-    def curve(script: Path, accumulation_steps: int) -> list[float]:
-        micro = TARGET.per_rank_batch // accumulation_steps
-        cfg = replace(config(), micro_batch=micro, accumulation_steps=accumulation_steps)
-        cmd = [os.path.join(BIN, "torchrun"), "--nproc-per-node", "2", str(script)]
-        r = run_script(cmd, cfg, world_size=2, measure=measure, timeout_s=120, cwd=tmp_path)
-        assert r.ranks[0].peak_memory_mb > 100  # a rank's peak resident set: torch alone is more
-        return r.ranks[0].loss_curve
-
-    reference = curve(seeded, 1)
+    reference = reference_curve
     assert len(reference) == 16
-    value, steps = drift(curve(seeded, accumulation), reference)
+    value, steps = drift(loss_curve(seeded, accumulation, tmp_path), reference)
     assert steps == 16 and value < 1e-3
-    value, _ = drift(curve(unseeded, accumulation), reference)
+    value, _ = drift(loss_curve(unseeded, accumulation, tmp_path), reference)
     assert value > 0.01  # 3.7 % in one run: over ten times a seeded rerun's bound
 
 

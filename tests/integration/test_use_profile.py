@@ -15,7 +15,7 @@ import pytest
 
 from autotune.core import allocator
 from autotune.core.config import TrialConfig
-from autotune.core.knobs import Target
+from autotune.core.target import Target
 from autotune.definition.space import SearchSpace
 from autotune.launch.hardware import describe
 from autotune.profile.profile import Profile

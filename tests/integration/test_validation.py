@@ -8,12 +8,13 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import create_trial
 
-from autotune.core.stats import NO_WINNER_REASON
+from autotune.core.compare import NO_WINNER_REASON
 from autotune.definition.space import SearchSpace
 from autotune.definition.studydef import StudyDefinition
-from autotune.launch.measure import Measurer
+from autotune.launch.measure import RayMeasurer
 from autotune.profile.export import export_profile
 from autotune.profile.profile import Profile
+from autotune.record.attrs import ValidationRecord, load
 from autotune.record.study import ATTR
 from autotune.report.events import ValidationDone, ValidationStarted
 from autotune.search.validation import revalidate
@@ -50,16 +51,17 @@ def test_a_search_winner_that_remeasures_slower_is_not_exported(runner, tmp_path
         study=study,
         definition=definition,
         plan=(1, 2),  # one candidate, two interleaved rounds
-        measure=Measurer(study=study, runners=[runner], definition=definition),
+        measure=RayMeasurer(study=study, runners=[runner], definition=definition),
         emit=events.append,
         defaults=SearchSpace.load("default").resolve(TARGET).defaults(),
     )
 
-    assert record["order"] == ["baseline", "trial 1", "trial 1", "baseline"]  # A B B A
-    assert [len(v) for v in record["measurements"].values()] == [2, 2]
-    assert record["winner"] == "baseline" and record["beats_baseline"] is False
-    assert record["reason"] == NO_WINNER_REASON
-    assert study.user_attrs["validation"] == record
+    assert record is not None
+    assert record.order == ["baseline", "trial 1", "trial 1", "baseline"]  # A B B A
+    assert [len(v) for v in record.measurements.values()] == [2, 2]
+    assert record.winner == "baseline" and record.beats_baseline is False
+    assert record.reason == NO_WINNER_REASON
+    assert load(study, ValidationRecord) == record  # stored, and read back the same
     assert isinstance(events[0], ValidationStarted) and events[0].runs == 4
     assert events[-1] == ValidationDone(
         winner="baseline", beats_baseline=False, speedup=(1.0, 1.0, 1.0), reason=NO_WINNER_REASON

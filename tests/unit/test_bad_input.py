@@ -1,16 +1,15 @@
-"""Hostile and broken input across every subcommand, typed as a user types it (the installed
-``autotune`` console script, from a fresh directory): one line on stderr naming the thing,
-exit code 2, no traceback, nothing written, no Ray started (Ray's temp directory follows
-``TMPDIR``, which points into the case's own directory)."""
+"""Hostile and broken input across every subcommand, typed as a user types it, from a fresh
+directory: one line on stderr naming the thing, exit code 2, no traceback, nothing written, no
+Ray started. Each case runs in this process through ``autotune.cli.main.main(argv)``
+(``tests.conftest.in_process``, where starting Ray, exec'ing a command or serving the dashboard
+fails the test); a few run through the installed ``autotune`` console script too, where Ray's
+temp directory follows ``TMPDIR``, which points into the case's own directory."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import socket
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import optuna
@@ -18,9 +17,9 @@ import pytest
 from optuna.trial import create_trial
 
 from autotune.record.study import ATTR
+from tests.conftest import console_script, in_process
 from tests.unit.test_report_and_progress import DISTS, HARDWARE, WORKLOAD, config
 
-AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 UNWRITABLE = "/proc/sys"  # a read-only file system here, even for root
 
 
@@ -169,10 +168,9 @@ def seeds(tmp_path_factory):
             user_attrs={"baseline": True, "speedup": 1.0, "config": config(params)},
         )
     )  # fmt: skip
-    good = subprocess.run(
-        [AUTOTUNE, "export", "--storage", url, "--study-name", "s"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+    exported = in_process("export", "--storage", url, "--study-name", "s", cwd=d)
+    assert exported.returncode == 0, exported.stderr
+    good = exported.stdout
     (d / "good.yaml").write_text(good)
     (d / "hostile_env.yaml").write_text(
         good.replace("env:\n", "env:\n  'X;touch pwned;Y': '1'\n", 1)
@@ -180,7 +178,9 @@ def seeds(tmp_path_factory):
     return d
 
 
-def run_case(name: str, root: Path, seeds: Path) -> dict:
+def run_case(name: str, root: Path, seeds: Path, run=in_process) -> dict:
+    """Case ``name`` in a fresh directory of its own under ``root``, by ``run`` (``in_process``
+    or ``console_script``): what it printed and what it left there."""
     args, _ = CASES[name]
     case = root / name.replace(" ", "_")
     case.mkdir()
@@ -195,26 +195,14 @@ def run_case(name: str, root: Path, seeds: Path) -> dict:
         "unwritable": UNWRITABLE,
     }
     argv = [a.format(**subst) for a in args]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "AUTOTUNE_"))}
-    env.update(AUTOTUNE_HOME=str(case / "home"), TMPDIR=str(case / "tmp"), PYTHONPATH=str(case))
+    env = {"AUTOTUNE_HOME": str(case / "home"), "TMPDIR": str(case / "tmp")}
     (case / "tmp").mkdir()
     before = sorted(p.relative_to(case) for p in case.rglob("*"))
     stamps = {p: p.stat().st_mtime_ns for p in case.rglob("*") if p.is_file()}
-    p = subprocess.run(
-        [AUTOTUNE, *argv], cwd=case, env=env, capture_output=True, text=True, timeout=120
-    )
+    p = run(*argv, cwd=case, env=env)
     after = sorted(p_.relative_to(case) for p_ in case.rglob("*"))
     changed = [str(f.relative_to(case)) for f, t in stamps.items() if f.stat().st_mtime_ns != t]
     return {"p": p, "new": [str(x) for x in after if x not in before], "changed": changed}
-
-
-@pytest.fixture(scope="module")
-def results(seeds, tmp_path_factory):
-    """Every case, run four at a time (each is a process that fails before starting work)."""
-    root = tmp_path_factory.mktemp("cases")
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {n: pool.submit(run_case, n, root, seeds) for n in CASES}
-    return {n: f.result() for n, f in futures.items()}
 
 
 def test_there_are_at_least_40_cases_over_every_subcommand():
@@ -223,11 +211,9 @@ def test_there_are_at_least_40_cases_over_every_subcommand():
     assert used >= {"run", "export", "report", "env", "launch", "dashboard", "lab"}
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_bad_input_is_one_line_exit_2_nothing_written(name, results):
+def check_case(name: str, r: dict) -> None:
     if name.endswith("unwritable") and os.access(UNWRITABLE, os.W_OK):
         pytest.skip(f"{UNWRITABLE} is writable on this machine")
-    r = results[name]
     p = r["p"]
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2, p.stdout + p.stderr
@@ -236,6 +222,22 @@ def test_bad_input_is_one_line_exit_2_nothing_written(name, results):
     assert "s3cret" not in p.stdout + p.stderr
     assert p.stdout == ""
     assert r["new"] == [] and r["changed"] == []  # nothing written: no home, no Ray temp dir
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_is_one_line_exit_2_nothing_written(name, seeds, tmp_path):
+    check_case(name, run_case(name, tmp_path, seeds))
+
+
+#: Cases also run through the installed console script, in a process of its own: a usage
+#: error, a user's trainer module imported from the directory the command runs in (which the
+#: console script does not put on ``sys.path`` itself), a hostile profile.
+CONSOLE_CASES = ["no subcommand", "trainer module raises", "env of a hostile name"]
+
+
+@pytest.mark.parametrize("name", CONSOLE_CASES)
+def test_the_console_script_gives_the_same_answer(name, seeds, tmp_path):
+    check_case(name, run_case(name, tmp_path, seeds, run=console_script))
 
 
 def test_a_hostile_study_name_from_a_shared_database_stays_inside_the_run_directory(
@@ -247,12 +249,8 @@ def test_a_hostile_study_name_from_a_shared_database_stays_inside_the_run_direct
         from_study_name="s", from_storage=url, to_storage=url, to_study_name="../../x"
     )
     run_dir = tmp_path / "a" / "b" / "run"
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
-    p = subprocess.run(
-        [AUTOTUNE, "report", "--storage", url, "--study-name", "../../x",
-         "--run-dir", str(run_dir)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    p = in_process("report", "--storage", url, "--study-name", "../../x", "--run-dir",
+                   str(run_dir), cwd=tmp_path, env={"TMPDIR": str(tmp_path)})  # fmt: skip
     assert p.returncode == 0, p.stderr
     written = [Path(line) for line in p.stdout.split()]
     assert written and all(run_dir / "reports" in w.parents for w in written), written

@@ -115,13 +115,36 @@ def test_without_runs_of_the_defaults_the_first_baseline_goal_is_not_judged(benc
 
 
 def test_efficiency_counts_the_timed_windows_after_the_search(bench):
-    class Study:
-        user_attrs = {"validation": {"timed_s": 30.0},
-                      "ablation": {"timed_s": 20.0, "joint": {"timed_s": 5.0}}}  # fmt: skip
+    import dataclasses
 
-    assert bench._after_search_timed_s(Study()) == 55.0
-    Study.user_attrs = {"validation": {"timed_s": 30.0}, "ablation": {"joint": None}}
-    assert bench._after_search_timed_s(Study()) == 30.0
+    import optuna
+
+    from autotune.record.attrs import (
+        AblationRecord,
+        ArmRecord,
+        IntervalRecord,
+        JointCheck,
+        ValidationRecord,
+        save,
+    )
+
+    one = IntervalRecord(median=1.0, low=1.0, high=1.0, n=2)
+    arm = ArmRecord(throughput=one, speedup=one, beats_baseline=False)
+    study = optuna.create_study()
+    save(study, ValidationRecord(
+        winner="baseline", speedup=one, beats_baseline=False, results={"baseline": arm},
+        reason="", trials={"baseline": 0}, order=[], measurements={"baseline": []},
+        timed_s=30.0,
+    ))  # fmt: skip
+    assert bench._after_search_timed_s(study) == 30.0  # no ablation
+    joint = JointCheck(knobs=["a", "b"], kept_back=False, timed_s=5.0)
+    ablation = AblationRecord(trial=1, rounds=2, order=[], measurements={}, contributions={},
+                              dropped=[], together=False, joint=joint, params={}, config={},
+                              timed_s=20.0)  # fmt: skip
+    save(study, ablation)
+    assert bench._after_search_timed_s(study) == 55.0
+    save(study, dataclasses.replace(ablation, joint=None))
+    assert bench._after_search_timed_s(study) == 50.0
 
 
 def test_a_loss_beyond_the_noise_counts_against_beats_or_ties(bench):

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from autotune.core.knobs import Target
+from autotune.core.target import Target
 from autotune.definition.space import SearchSpace
 from autotune.limit.evidence import Evidence, expected_gain, fit_alpha_beta
 from autotune.search.screening import plan

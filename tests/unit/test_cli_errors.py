@@ -1,15 +1,18 @@
-"""Bad input: a one-line error naming the thing and the fix, exit code 2, nothing written."""
+"""Bad input: a one-line error naming the thing and the fix, exit code 2, nothing written.
+
+Each case runs in this process through ``autotune.cli.main.main(argv)`` (``tests.conftest.
+in_process``: starting Ray there fails the test); a few run through the installed console script
+as well, which proves that the real entry point gives the same line and exit code."""
 
 from __future__ import annotations
 
 import re
 import socket
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import autotune_cmd
+from tests.conftest import Ran, console_script
 
 
 def closed_port() -> int:
@@ -89,63 +92,66 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, run_env):
-    make_args, message = CASES[case]
-    args = make_args(tmp_path)
-    before = set(tmp_path.rglob("*"))
-    p = subprocess.run(
-        autotune_cmd("run", "--study", "quick", "--budget", "30s", *args),
-        env=run_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert p.returncode == 2, p.stderr
-    lines = [line for line in p.stderr.splitlines() if line.startswith("autotune")]
+def check_bad_input(case: str, ran: Ran, tmp_path: Path, before: set[Path]) -> None:
+    message = CASES[case][1]
+    assert ran.returncode == 2, ran.stderr
+    lines = [line for line in ran.stderr.splitlines() if line.startswith("autotune")]
     assert len(lines) == 1 and lines[0].startswith("autotune: error: ")
-    assert "Traceback" not in p.stderr
+    assert "Traceback" not in ran.stderr
     assert re.search(message, lines[0]), lines[0]
-    assert not Path(run_env["AUTOTUNE_HOME"]).exists()  # no run directory, no database
+    assert not (tmp_path / "home").exists()  # no run directory, no database
     assert set(tmp_path.rglob("*")) == before
 
 
-def test_export_of_a_missing_study_is_a_one_line_error(tmp_path, run_env):
-    p = subprocess.run(
-        autotune_cmd("export", "--study-name", "nope"),
-        env=run_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+def run_args(case: str, tmp_path: Path) -> list[str]:
+    return ["run", "--study", "quick", "--budget", "30s", *CASES[case][0](tmp_path)]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, cli):
+    args = run_args(case, tmp_path)
+    before = set(tmp_path.rglob("*"))
+    check_bad_input(case, cli(*args), tmp_path, before)
+
+
+#: Cases also run through the installed console script: an argparse usage error, a setting's
+#: own check, and a file the command reads.
+CONSOLE_CASES = ["unknown flag", "unknown sampler", "unknown key in a space"]
+
+
+@pytest.mark.parametrize("case", CONSOLE_CASES)
+def test_the_console_script_gives_the_same_line_and_exit_code(case, tmp_path):
+    args = run_args(case, tmp_path)
+    before = set(tmp_path.rglob("*"))
+    ran = console_script(*args, env={"AUTOTUNE_HOME": str(tmp_path / "home")})
+    check_bad_input(case, ran, tmp_path, before)
+
+
+def test_export_of_a_missing_study_is_a_one_line_error(tmp_path, cli):
+    p = cli("export", "--study-name", "nope")
     assert p.returncode == 2 and "no such database" in p.stderr
-    assert not Path(run_env["AUTOTUNE_HOME"]).exists()
+    assert not (tmp_path / "home").exists()
 
 
-def run_cli(run_env, *args, **env):
-    return subprocess.run(autotune_cmd(*args), env={**run_env, **env}, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
-
-
-def test_ray_address_joins_like_the_flag_and_the_flag_wins(tmp_path, run_env):
+def test_ray_address_joins_like_the_flag_and_the_flag_wins(tmp_path, cli):
     closed = f"127.0.0.1:{closed_port()}"
     args = ("run", "--study", "quick", "--budget", "30s")
     # what Ray's tools set is read: nothing answers there, and the error names the variable
-    p = run_cli(run_env, *args, RAY_ADDRESS=closed)
+    p = cli(*args, env={"RAY_ADDRESS": closed})
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert p.stderr.startswith(f"autotune: error: RAY_ADDRESS={closed}: nothing answers")
     assert "unset RAY_ADDRESS" in p.stderr and p.stderr.count("\n") == 1
     # the jobs CLI's dashboard URL is not a cluster to join
-    p = run_cli(run_env, *args, RAY_ADDRESS="http://127.0.0.1:8265")
+    p = cli(*args, env={"RAY_ADDRESS": "http://127.0.0.1:8265"})
     assert p.returncode == 2
     assert "RAY_ADDRESS=http://127.0.0.1:8265: expected auto or HOST:PORT" in p.stderr
     # --address wins over RAY_ADDRESS
-    p = run_cli(run_env, *args, "--address", closed, RAY_ADDRESS="http://127.0.0.1:8265")
+    p = cli(*args, "--address", closed, env={"RAY_ADDRESS": "http://127.0.0.1:8265"})
     assert p.returncode == 2 and f"--address {closed}: nothing answers" in p.stderr
-    assert not Path(run_env["AUTOTUNE_HOME"]).exists()
+    assert not (tmp_path / "home").exists()
 
 
-def test_version_names_the_release_its_distribution_and_its_dependencies(run_env):
+def test_version_names_the_release_its_distribution_and_its_dependencies(tmp_path, cli):
     import tomllib
 
     import autotune
@@ -156,15 +162,17 @@ def test_version_names_the_release_its_distribution_and_its_dependencies(run_env
     # unrelated `autotune` on the public index, and every install hint names it
     assert project["name"] == autotune.DISTRIBUTION != "autotune"
     assert project["version"] == autotune.__version__
-    p = run_cli(run_env, "--version")
+    # through the installed console script: the entry point and the installed metadata
+    p = console_script("--version")
     assert p.returncode == 0
     assert re.fullmatch(
         rf"autotune {re.escape(autotune.__version__)} \(ddp-autotune; torch \S+, optuna \S+, "
         r"ray \S+\)\n",
         p.stdout,
     ), p.stdout
-    top = run_cli(run_env, "--help").stdout
-    assert "measured against PyTorch's defaults" in " ".join(top.split())
+    top = cli("--help")
+    assert top.returncode == 0
+    assert "measured against PyTorch's defaults" in " ".join(top.stdout.split())
     # a PostgreSQL driver that is not installed (pg8000): the hint installs this distribution
-    hint = run_cli(run_env, "run", "--storage", "postgresql+pg8000://u@127.0.0.1:1/db").stderr
+    hint = cli("run", "--storage", "postgresql+pg8000://u@127.0.0.1:1/db").stderr
     assert "pip install 'ddp-autotune[postgres]'" in hint, hint

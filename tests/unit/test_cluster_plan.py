@@ -100,9 +100,10 @@ def test_the_processes_of_a_local_instance_are_found_by_its_mark_or_its_session(
     import os
     import subprocess
     import sys
-    import time
+    from pathlib import Path
 
     from autotune.launch.cluster import OWNER_ENV, owned_processes, session_dirs
+    from tests.conftest import wait_for
 
     ours = tmp_path / "ray" / "session_2026-11-25_06-45-09_749085_100"
     theirs = tmp_path / "ray" / "session_2026-11-25_07-00-00_000001_200"
@@ -127,8 +128,23 @@ def test_the_processes_of_a_local_instance_are_found_by_its_mark_or_its_session(
     their_agent = start("ray::DashboardAgent", theirs / "logs" / "agent.log")
     users_tail = start("tail", ours / "logs" / "agent.log")  # someone reading the log
     procs = [marked, other_run, raylet, agent, their_agent, users_tail]
+
+    def ready() -> bool:
+        """Every exec has happened and every ``tail`` holds its log open."""
+        try:
+            named = all(
+                Path(f"/proc/{q.pid}/cmdline").read_bytes().split(b"\0")[0] == name
+                for q, name in ((raylet, b"/opt/ray/raylet"), (agent, b"ray::DashboardAgent"),
+                                (their_agent, b"ray::DashboardAgent"), (users_tail, b"tail"))
+            )  # fmt: skip
+            fds = (Path(f"/proc/{q.pid}/fd") for q in (agent, their_agent, users_tail))
+            held = all(any(os.readlink(f).endswith("agent.log") for f in d.iterdir()) for d in fds)
+        except OSError:
+            return False
+        return named and held
+
     try:
-        time.sleep(0.5)  # the execs have happened, the files are open
+        assert wait_for(ready, 30)  # the execs have happened, the files are open
         assert session_dirs([raylet.pid]) == {str(ours)}
         assert session_dirs([agent.pid]) == {str(ours)}
         found = set(owned_processes("run-1", {str(ours)}))

@@ -6,7 +6,7 @@ import yaml
 from autotune.core import allocator
 from autotune.core.config import POWERSGD_START_ITER, TrialConfig
 from autotune.core.errors import ConfigError
-from autotune.core.knobs import Target
+from autotune.core.target import Target
 from autotune.definition.space import SearchSpace
 from autotune.profile.profile import Profile
 

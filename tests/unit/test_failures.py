@@ -199,7 +199,6 @@ def test_ctrl_c_while_a_trial_is_told_leaves_no_trial_running(ctrl_c_raises):
     (with the trial on the main thread, the write was cut and the trial stayed RUNNING)."""
     import signal
     import threading
-    import time
 
     import optuna
     from optuna.trial import TrialState
@@ -207,11 +206,19 @@ def test_ctrl_c_while_a_trial_is_told_leaves_no_trial_running(ctrl_c_raises):
     from autotune.replay.simulate import Landscape, replay
     from tests.conftest import REPO
 
+    taken = threading.Event()
+
+    def take(signum, frame):  # Python's own handler, which also says when it ran
+        taken.set()
+        signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, take)  # ctrl_c_raises puts the previous one back
+
     class InterruptedWrite(optuna.storages.InMemoryStorage):
         def set_trial_state_values(self, trial_id, state, values=None):
             if self.get_trial_number_from_id(trial_id) == 2 and state.is_finished():
                 signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-                time.sleep(0.2)  # the main thread takes the signal meanwhile
+                assert taken.wait(30)  # the main thread takes the signal meanwhile
             return super().set_trial_state_values(trial_id, state, values)
 
     storage = InterruptedWrite()

@@ -7,7 +7,8 @@ import optuna
 from optuna.trial import create_trial
 
 from autotune.core.config import TrialConfig
-from autotune.core.knobs import Target, illegal_combination
+from autotune.core.knobs import illegal_combination
+from autotune.core.target import Target
 from autotune.definition.space import SearchSpace
 from autotune.profile.export import study_profile
 from tests.unit.test_report_and_progress import HARDWARE, WORKLOAD

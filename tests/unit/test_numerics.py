@@ -85,7 +85,9 @@ def test_the_guard_fails_a_drifting_setting_of_a_workload_that_repeats_its_steps
     for floor in (None, 0.0005):  # no fp32 rerun yet; a rerun within 0.1 %
         guard, base = guard_after(floor)
         attrs = {"loss_curve": [x * 1.2 for x in base]}
-        failure = Objective._drift(guard, TrialConfig(precision="bf16", global_batch=128), attrs)
+        failure = Objective._drift(
+            guard, TrialConfig(precision="bf16", global_batch=128), attrs["loss_curve"], attrs
+        )
         assert failure is not None and failure.reason == FailureReason.NUMERICS_DRIFT
         assert attrs["numerics_drift"] == pytest.approx(0.2)
 
@@ -96,9 +98,16 @@ def test_an_fp32_rerun_records_the_floor_and_a_workload_that_does_not_repeat_is_
     guard, base = guard_after(None)
     attrs = {"loss_curve": [x * 1.03 for x in base]}
     fp32 = TrialConfig(global_batch=128)
-    assert Objective._drift(guard, fp32, attrs) is None  # an fp32 trial never fails it
+    assert (
+        Objective._drift(guard, fp32, attrs["loss_curve"], attrs) is None
+    )  # an fp32 trial never fails it
     assert attrs["fp32_drift"] == pytest.approx(0.03) and "numerics_drift" not in attrs
     guard, base = guard_after(0.03)  # a script seeded from the clock (3.7 % in one run)
     attrs = {"loss_curve": [x * 1.2 for x in base]}
-    assert Objective._drift(guard, TrialConfig(precision="bf16", global_batch=128), attrs) is None
+    assert (
+        Objective._drift(
+            guard, TrialConfig(precision="bf16", global_batch=128), attrs["loss_curve"], attrs
+        )
+        is None
+    )
     assert "do not repeat" in attrs["numerics_unjudged"] and "3.0%" in attrs["numerics_unjudged"]

@@ -22,9 +22,11 @@ from optuna.trial import create_trial
 from autotune.core import allocator
 from autotune.core.config import TrialConfig
 from autotune.core.errors import ConfigError
-from autotune.core.knobs import KNOBS, NCCL_ALGOS, NCCL_NTHREADS, NCCL_PROTOS, Target
+from autotune.core.knobs import KNOBS, NCCL_ALGOS, NCCL_NTHREADS, NCCL_PROTOS
+from autotune.core.target import Target
 from autotune.definition.space import SearchSpace, available_spaces
 from autotune.profile.profile import ALLOWED_ENV, Profile, check_env, shell_exports
+from tests.conftest import Ran, in_process
 
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 CPU = Target(backend="gloo", device="cpu", world_size=2, global_batch=64, cpus_per_rank=1)
@@ -73,8 +75,10 @@ def section(name, **values):
     return lambda d: d[name].update(values)
 
 
-def run(*args: str, **kw) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([AUTOTUNE, *args], capture_output=True, text=True, timeout=60, **kw)
+def run(*args: str, cwd: Path | None = None) -> Ran:
+    """``autotune ARGS`` in this process (``tests.conftest.in_process``: exec'ing a command there
+    fails the test); ``autotune launch`` exec'ing its command runs the console script below."""
+    return in_process(*args, cwd=cwd)
 
 
 def bash(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:

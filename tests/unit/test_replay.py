@@ -1,8 +1,9 @@
 """The search benchmark on recorded measurements holds its line: the tuner as shipped (the
 designed screening, then TPE, re-anchoring, re-validation and ablation), replayed on the
-recorded default landscape (``bench/landscapes/default-loopback.json``) for many seeds, against
-random search on the same seeds (``bench/replay.py``; docs/benchmark.md has the table). A test
-over recorded data, not a timing: every replay is deterministic."""
+recorded default landscape (``bench/landscapes/default-loopback.json``) for 20 seeds, against
+random search on the same seeds. The 100-seed figures are ``bench/replay.py``'s
+(docs/benchmark.md has the table); the lines here are set for the seeds run here. A test over
+recorded data, not a timing: every replay is deterministic."""
 
 from __future__ import annotations
 
@@ -16,25 +17,29 @@ from autotune.search.loop import ANCHOR_EVERY
 from tests.conftest import REPO
 
 LANDSCAPE = REPO / "bench" / "landscapes" / "default-loopback.json"
-SEEDS = 100
+SEEDS = 20
 TRIALS = 15
-#: Just under what ``python bench/replay.py --seeds 100`` measured when this landscape was
-#: recorded (docs/benchmark.md: median share 1.000, 10th percentile 1.000, wins 72 %, ties
-#: 26 %, losses 2 %): the test fails when a change loses ground. The issue's 80 % wins is out
-#: of reach on this landscape for any search: random search itself exports a point within 1 %
-#: of the best in about a quarter of the seeds, and those can only be ties.
-WIN_SHARE = 0.70
+#: ``python bench/replay.py --seeds 100`` measured median share 1.000, 10th percentile 1.000,
+#: 75/25/0 wins/ties/losses (docs/benchmark.md); the lines sit under it, so that the test
+#: fails when a change loses ground. The issue's 80 % wins is out of reach on this landscape
+#: for any search: random search itself exports a point within 1 % of the best in about a
+#: quarter of the seeds, and those can only be ties.
+#: Over 20 seeds: on every window of 20 consecutive seeds of 0-159 (141 windows) the median
+#: share, the 10th percentile, the share at >= 0.98 and beats-or-ties were all 1.000, and the
+#: wins exceeded the losses by 11 or more; the win share alone moved, 0.55-0.95 (median 0.75;
+#: seeds 0-19: 0.90), so its line is 0.50 here, not 100 seeds' 0.70.
+WIN_SHARE = 0.50
 BEATS_OR_TIES = 0.95
 MEDIAN_SHARE = 0.98
 P10_SHARE = 0.97
 
 
-def replayed(path):
+def replayed(path, seeds: int = SEEDS):
     """Random search and the tuner as shipped, replayed on the landscape at ``path`` for
-    ``SEEDS`` seeds of ``TRIALS`` trials: ``summarise``'s table."""
+    ``seeds`` seeds of ``TRIALS`` trials: ``summarise``'s table."""
     land = Landscape.load(path)
     results = []
-    for seed in range(SEEDS):
+    for seed in range(seeds):
         for name, sampler, screening in (("random", "random", False), ("tuner", "tpe", True)):
             r = replay(land, seed=seed, sampler=sampler, screening=screening, n_trials=TRIALS)
             results.append({"strategy": name, "seed": seed, "value": r.value, "share": r.share,
@@ -77,19 +82,27 @@ def test_a_grid_search_stops_when_every_point_is_measured():
 
 
 LAB = REPO / "bench" / "landscapes" / "lab-1gbit.json"
+#: Seeds of the lab landscape's replay: 30, not 20, because here the comparison with random
+#: search is close. Over windows of consecutive seeds of 0-159, 20 seeds gave wins > losses in
+#: 124 of 141 windows and a larger share at >= 0.98 than random search in 126; 30 seeds gave
+#: both in all 131 windows, with median share >= 0.992, share at >= 0.98 >= 0.767 and
+#: beats-or-ties >= 0.767 (100 seeds' 0.78 line would fail some windows: 0.75 here).
+LAB_SEEDS = 30
 
 
 def test_on_the_lab_landscape_the_tuner_does_at_least_as_well_as_random_search():
     """The network lab at 1 Gbit (24 points, the best 1.90x the defaults: fp16 hook, bucket
     views, bf16). ``python bench/replay.py --landscape bench/landscapes/lab-1gbit.json`` measured
     median share 0.994, 84 % of seeds at >= 0.98, and 33/48/19 % wins/ties/losses against
-    random search, which with 15 trials covers much of 24 points; the line sits just under.
-    (The release before: 89 % and 33/56/11. The first measurement costs this landscape's
-    probe, 14 s, and finds the fp16 hook first, so the room kept for re-validating it starts
-    earlier: the search ran 13 trials of 15 in the median seed. docs/benchmark.md.)"""
-    table = replayed(LAB)
+    random search over 100 seeds, which with 15 trials covers much of 24 points; the lines
+    here sit under what ``LAB_SEEDS`` seeds give. (The release before: 89 % and 33/56/11. The
+    first measurement costs this landscape's probe, 14 s, and finds the fp16 hook first, so the
+    room kept for re-validating it starts earlier: the search ran 13 trials of 15 in the
+    median seed. docs/benchmark.md.)"""
+    table = replayed(LAB, LAB_SEEDS)
     tuner, rand = table["tuner"], table["random"]
+    assert tuner["seeds"] == LAB_SEEDS
     assert tuner["median_share"] >= 0.99, tuner
-    assert tuner["at_98"] >= 0.80 and tuner["at_98"] > rand["at_98"], table
-    assert tuner["beats_or_ties"] >= 0.78, tuner
+    assert tuner["at_98"] >= 0.75 and tuner["at_98"] > rand["at_98"], table
+    assert tuner["beats_or_ties"] >= 0.75, tuner
     assert tuner["wins"] > tuner["losses"], tuner

@@ -15,7 +15,7 @@ from optuna.trial import TrialState, create_trial
 from rich.console import Console
 
 from autotune.core.config import TrialConfig
-from autotune.core.knobs import Target
+from autotune.core.target import Target
 from autotune.definition.space import SearchSpace
 from autotune.record.study import ATTR
 from autotune.report import report

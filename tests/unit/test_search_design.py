@@ -234,19 +234,23 @@ def test_a_screened_gain_within_its_own_noise_is_not_called_help():
     assert noisy["num_workers"] == "may help (within its noise)"  # 1.15x
 
 
-def test_a_screening_record_from_someone_elses_study_cannot_smuggle_values():
-    from autotune.profile.export import screening_effects
+def test_a_screening_record_from_someone_elses_study_is_refused_naming_the_field():
+    from autotune.core.errors import ConfigError
+    from autotune.profile.export import screening_effects, study_profile
 
     r = replay(landscape(TWO_HELP), seed=0, n_trials=9)
     r.study.set_user_attr(
         "screening",
         {
             "x": {"speedup": "rm -rf /", "helps": "yes", "interval": {"rel_half_width": "1"}},
-            3: {},
             "y": [1],
         },
     )
-    assert screening_effects(r.study) == {"x": {"speedup": None, "helps": False}}
+    refused = r"^study record screening\.x: field label is missing; .*--study-name$"
+    with pytest.raises(ConfigError, match=refused):
+        screening_effects(r.study)
+    with pytest.raises(ConfigError, match=r"^study record screening\.x"):  # one line, no traceback
+        study_profile(r.study)
 
 
 def test_ablation_keeps_only_the_knobs_that_carry_the_gain():
@@ -336,7 +340,7 @@ def test_knobs_that_each_prove_nothing_alone_but_carry_the_gain_together_are_kep
 
 
 def _cpu_target(native: bool):
-    from autotune.core.knobs import Target
+    from autotune.core.target import Target
 
     return Target(backend="gloo", device="cpu", world_size=2, global_batch=128,
                   cpus_per_rank=1, bf16=True, bf16_native=native)  # fmt: skip

@@ -6,7 +6,9 @@ over recorded data, not timings: every replay is deterministic."""
 
 from __future__ import annotations
 
+import functools
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -22,9 +24,20 @@ LANDSCAPES = REPO / "bench" / "landscapes"
 WITH_PROBE = sorted(p for p in LANDSCAPES.glob("*.json") if Landscape.load(p).first)
 LAB = LANDSCAPES / "lab-1gbit.json"
 DEFAULT = LANDSCAPES / "default-loopback.json"
-#: Short budgets (simulated seconds) and seeds of the budget-bound checks.
+#: Short budgets (simulated seconds) and seeds of the budget-bound checks. 20 seeds: every
+#: line below held on every window of 20 consecutive seeds of 0-159 (each run's budget kept;
+#: no run stopped with a third left while a prior beyond the noise was untried; 37-40 of 40
+#: runs a landscape judged; 5-minute median share 0.962-1.000), except the budget itself at
+#: 180 s on the default landscape, which seeds 40, 45 and 52 overran by 5-8 % (not among the
+#: seeds here).
 SHORT = (180.0, 300.0)
-SEEDS = 25
+SEEDS = 20
+
+
+@functools.cache
+def short_run(path: Path, seed: int, budget: float):
+    """A replay bounded by ``budget`` alone; deterministic, so the checks below share it."""
+    return replay(Landscape.load(path), seed=seed, n_trials=100000, budget_s=budget)
 
 
 def screened(study) -> list[str]:
@@ -64,7 +77,7 @@ def test_no_search_stops_with_a_third_left_while_a_prior_beyond_the_noise_is_unt
     judged = 0
     for budget in SHORT:
         for seed in range(SEEDS):
-            r = replay(land, seed=seed, n_trials=100000, budget_s=budget)
+            r = short_run(path, seed, budget)
             # a budget is kept: the whole replayed run (search, re-validation, ablation)
             assert r.seconds <= budget * 1.05, (path.stem, budget, seed, r.seconds)
             stop = StopRecord.from_attrs(r.study.user_attrs[STOP_ATTR])
@@ -87,7 +100,7 @@ def test_no_search_stops_with_a_third_left_while_a_prior_beyond_the_noise_is_unt
 
 
 def _target(land):
-    from autotune.core.knobs import Target
+    from autotune.core.target import Target
 
     hw = land.meta.get("hardware") or {}
     return Target(backend="gloo", device="cpu", world_size=2, global_batch=128, cpus_per_rank=1,
@@ -153,7 +166,7 @@ SHORT_MEDIAN_SHARE = 0.95
 @pytest.mark.parametrize("path", WITH_PROBE, ids=lambda p: p.stem)
 def test_a_five_minute_budget_holds_its_line_on_every_landscape(path):
     land = Landscape.load(path)
-    runs = [replay(land, seed=s, n_trials=100000, budget_s=300.0) for s in range(SEEDS)]
+    runs = [short_run(path, s, 300.0) for s in range(SEEDS)]
     assert statistics.median(r.share for r in runs) >= SHORT_MEDIAN_SHARE
     # every seed screens first what its first measurement expects the most of
     ev = Evidence.from_attrs(runs[0].study.user_attrs[FIRST_ATTR]["evidence"])

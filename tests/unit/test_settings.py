@@ -15,7 +15,8 @@ from autotune.cli.main import build_parser, main
 from autotune.core.config import MeasureSettings
 from autotune.core.errors import ConfigError
 from autotune.definition import settings
-from autotune.definition.settings import DURATION, Whole, declared, setting
+from autotune.definition.kinds import DURATION, Whole
+from autotune.definition.settings import declared, setting
 from autotune.definition.studydef import StudyDefinition
 
 #: Settings that only a study definition file holds (no flag).

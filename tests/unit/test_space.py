@@ -6,8 +6,10 @@ import yaml
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from autotune.core.errors import ConfigError
-from autotune.core.knobs import KNOBS, Target
-from autotune.definition.space import SearchSpace, distribution_from_yaml, distribution_to_yaml
+from autotune.core.knobs import KNOBS
+from autotune.core.target import Target
+from autotune.definition.distributions import distribution_from_yaml, distribution_to_yaml
+from autotune.definition.space import SearchSpace
 from autotune.search.samplers import make_sampler
 
 CPU = Target(

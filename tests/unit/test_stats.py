@@ -11,14 +11,12 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
+from autotune.core.compare import NO_WINNER_REASON, choose, interleave
 from autotune.core.stats import (
-    NO_WINNER_REASON,
     Interval,
     PruneRule,
     SettleRule,
     StopRule,
-    choose,
-    interleave,
     median_ci,
     speedup_ci,
 )

@@ -1,0 +1,284 @@
+"""The study-level records autotune stores on an Optuna study, one dataclass each, with the
+attribute that holds it; ``save`` writes one, ``load`` reads it back type-checked
+(``record.typed``): a study may be someone else's or an older autotune's, and a record that
+is not what autotune writes is a ``RecordError`` naming the attribute and the field.
+
+| attribute | record | written by |
+| --- | --- | --- |
+| ``autotune`` | ``RunRecord`` | ``record.study.open_study`` |
+| ``first_measurement`` | ``FirstMeasurement`` | ``search.first_look`` |
+| ``screening`` | ``{label: ScreenEffect}`` | ``search.screening`` |
+| ``stop`` | ``StopRecord`` | ``search.loop`` |
+| ``validation`` | ``ValidationRecord`` | ``search.validation`` |
+| ``ablation`` | ``AblationRecord`` | ``search.ablation`` |
+| ``limit`` | ``LimitRecord`` | ``limit.probe`` |
+
+Attribute names and field names are the ones earlier releases wrote: older and shared studies
+and the optuna-dashboard read them as they were.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from autotune.core.stats import Interval
+from autotune.definition.durations import format_duration
+from autotune.record.typed import RecordError, read, write
+
+if TYPE_CHECKING:
+    import optuna
+
+__all__ = [
+    "ATTRS",
+    "STOP_KINDS",
+    "AblationRecord",
+    "ArmRecord",
+    "Contribution",
+    "FirstMeasurement",
+    "IntervalRecord",
+    "JointCheck",
+    "LimitRecord",
+    "RunRecord",
+    "ScreenEffect",
+    "StopRecord",
+    "ValidationRecord",
+    "load",
+    "load_screening",
+    "save",
+    "save_screening",
+]
+
+R = TypeVar("R")
+
+STOP_KINDS = (
+    "budget",
+    "converged",
+    "n_trials",
+    "patience",
+    "grid",
+    "interrupted",
+    "cluster_lost",
+    "error",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntervalRecord:
+    """A stored ``stats.Interval`` (``Interval.to_dict``): an unbounded side is None."""
+
+    median: float
+    low: float | None
+    high: float | None
+    n: int
+    rel_half_width: float | None = None
+
+    def interval(self) -> Interval:
+        low = -math.inf if self.low is None else self.low
+        high = math.inf if self.high is None else self.high
+        return Interval(median=self.median, low=low, high=high, n=self.n)
+
+    def triple(self) -> list[float | None]:
+        """``[low, median, high]``, as the profile lists a speedup."""
+        return [self.low, self.median, self.high]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRecord:
+    """The run's own record (attribute ``autotune``): a study without it is not autotune's."""
+
+    version: int = 1
+    workload: dict[str, Any] = field(default_factory=dict)
+    hardware: dict[str, Any] = field(default_factory=dict)
+    space: dict[str, Any] = field(default_factory=dict)
+    left_out: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FirstMeasurement:
+    """The limit probe of the defaults right after the baseline: the evidence the screening is
+    ordered by (``limit.evidence.Evidence.to_attrs``, checked again by ``Evidence``) and the
+    probe's own record (``limit.probe.probe_one``)."""
+
+    evidence: dict[str, Any]
+    probe: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScreenEffect:
+    """One screened prior: its trial, how that ended, its speedup over the defaults (None when
+    it did not end with a measurement) and whether it helps beyond ``screening.HELPS``."""
+
+    label: str
+    trial: int
+    state: str
+    speedup: float | None
+    interval: IntervalRecord | None = None
+    helps: bool = False
+    moves: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StopRecord:
+    """Why the search stopped (attribute ``stop``; ``search.stop``)."""
+
+    kind: str
+    why: str
+    """One line, for people."""
+    at_s: float
+    """Seconds of the budget used when the search stopped."""
+    budget_s: float
+    kept_s: float = 0.0
+    """Of the budget left then, the seconds kept for what follows the search."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in STOP_KINDS:
+            raise RecordError(
+                f"stop record: kind {self.kind!r} is not one of {', '.join(STOP_KINDS)}"
+            )
+        for name in ("at_s", "budget_s", "kept_s"):  # stored to the hundredth of a second
+            object.__setattr__(self, name, round(getattr(self, name), 2))
+
+    @property
+    def left_s(self) -> float:
+        return max(self.budget_s - self.at_s, 0.0)
+
+    def line(self) -> str:
+        at, budget = format_duration(round(self.at_s)), format_duration(round(self.budget_s))
+        return f"Search stopped at {at} of {budget}: {self.why}"
+
+    def to_attrs(self) -> dict[str, Any]:
+        """As stored (``save``)."""
+        return write(self)
+
+    @classmethod
+    def from_attrs(cls, raw: object) -> StopRecord:
+        """A stored record read back and checked (a study may be someone else's)."""
+        return read(cls, raw, "stop")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArmRecord:
+    """One arm of the re-validation (``stats.choose``): its throughput and its speedup over
+    the defaults, paired by round."""
+
+    throughput: IntervalRecord
+    speedup: IntervalRecord
+    beats_baseline: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidationRecord:
+    """The last re-validation (attribute ``validation``; ``search.validation``)."""
+
+    winner: str
+    speedup: IntervalRecord
+    beats_baseline: bool
+    results: dict[str, ArmRecord]
+    reason: str
+    trials: dict[str, int]
+    order: list[str]
+    measurements: dict[str, list[float]]
+    failed: dict[str, str] = field(default_factory=dict)
+    timed_s: float = 0.0
+    after_trial: int = 0
+
+    def __post_init__(self) -> None:
+        for key in (self.winner, "baseline"):
+            if key not in self.results or key not in self.trials:
+                raise RecordError(f"study record validation: {key!r} has no result or trial")
+        if "baseline" not in self.measurements:
+            raise RecordError("study record validation: the defaults' runs are missing")
+
+
+@dataclass(kw_only=True)
+class Contribution:
+    """One knob of the ablated winner: its value, the winner's speedup over itself without
+    it (``[low, median, high]``, when measured), and whether the profile keeps it."""
+
+    value: Any
+    kept: bool
+    speedup: list[float] | None = None
+    why: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class JointCheck:
+    """The knobs the ablation would drop, measured dropped together against the winner."""
+
+    knobs: list[str]
+    kept_back: bool
+    why: str = ""
+    speedup: list[float] | None = None
+    rounds: int | None = None
+    measurements: dict[str, list[float]] | None = None
+    timed_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AblationRecord:
+    """The ablation of the re-validated winner (attribute ``ablation``; ``search.ablation``)."""
+
+    trial: int
+    rounds: int
+    order: list[str]
+    measurements: dict[str, list[float]]
+    contributions: dict[str, Contribution]
+    dropped: list[str]
+    together: bool
+    joint: JointCheck | None
+    params: dict[str, Any]
+    config: dict[str, Any]
+    timed_s: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class LimitRecord:
+    """The limit probes at the end of a run (attribute ``limit``; ``limit.probe``): of the
+    defaults and of the tuned configuration, each the probe's record or ``{"trial",
+    "failed"}``, and what the probes cost."""
+
+    baseline: dict[str, Any] | None = None
+    tuned: dict[str, Any] | None = None
+    cost_s: float | None = None
+
+    def probes(self) -> dict[str, dict[str, Any]]:
+        """The probes it holds by label (``limit.probe.summary_line`` reads this form)."""
+        return {k: v for k, v in (("baseline", self.baseline), ("tuned", self.tuned)) if v}
+
+
+#: Each record's attribute.
+ATTRS: dict[type, str] = {
+    RunRecord: "autotune",
+    FirstMeasurement: "first_measurement",
+    StopRecord: "stop",
+    ValidationRecord: "validation",
+    AblationRecord: "ablation",
+    LimitRecord: "limit",
+}
+SCREENING = "screening"
+
+
+def save(study: optuna.Study, record: Any) -> None:
+    """Store ``record`` on ``study`` under its attribute."""
+    study.set_user_attr(ATTRS[type(record)], write(record))
+
+
+def load(study: optuna.Study, cls: type[R]) -> R | None:
+    """The study's ``cls`` record, checked; None when it has none; ``RecordError`` when what it
+    holds is not one."""
+    name = ATTRS[cls]
+    raw = study.user_attrs.get(name)
+    return None if raw is None else read(cls, raw, name)
+
+
+def save_screening(study: optuna.Study, effects: dict[str, ScreenEffect]) -> None:
+    study.set_user_attr(SCREENING, {k: write(e) for k, e in effects.items()})
+
+
+def load_screening(study: optuna.Study) -> dict[str, ScreenEffect] | None:
+    """The screening's effects by label, checked; None while the screening is open."""
+    raw = study.user_attrs.get(SCREENING)
+    return None if raw is None else read(dict[str, ScreenEffect], raw, SCREENING)

@@ -1,0 +1,133 @@
+"""The run's components, built in one place from a study definition and a measurer.
+
+``assemble`` wires, over one opened study and its resolved space, what ``autotune run`` does
+between opening the study and exporting the profile:
+
+* the ``Budget`` of the definition, on ``clock`` (from ``started`` when the command's start
+  counts);
+* the ``Objective`` Optuna calls for each search trial, measuring with ``measure``;
+* the ``Search`` driving the trials on ``measure.runners``, one thread each;
+* and, on the returned ``Assembly``, ``conclude()``: what follows the search - re-validate the
+  best few against the baseline, interleaved (``validation.revalidate``), then ablate the
+  winner (``ablation.ablate``).
+
+``measure`` is any ``launch.measure.Measurer`` (a Protocol). Two callers pass one:
+
+* ``tuner.run``, the real run: the Ray-backed ``launch.measure.RayMeasurer`` over the run's
+  placement groups, the wall clock from the command's start, the SIGTERM ``tick``, the rank
+  logs' directory and the workload's tokens per sample;
+* ``replay.simulate.replay``, the replay benchmark: its recorded-landscape
+  ``ReplayMeasurer``, whose simulated clock is the budget's.
+
+Both then call ``search.run()`` and ``conclude()``; the limit probes and the export stay the
+real run's (``tuner``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+
+from autotune.definition.space import ResolvedSpace
+from autotune.definition.studydef import StudyDefinition
+from autotune.launch.measure import Measurer
+from autotune.report.events import Emit
+from autotune.search.ablation import ablate
+from autotune.search.budget import Budget
+from autotune.search.loop import Search
+from autotune.search.objective import Objective
+from autotune.search.validation import revalidate
+
+__all__ = ["Assembly", "assemble"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Assembly:
+    """One run's components (``assemble``)."""
+
+    study: optuna.Study
+    space: ResolvedSpace
+    definition: StudyDefinition
+    measure: Measurer
+    budget: Budget
+    objective: Objective
+    search: Search
+    emit: Emit
+
+    def conclude(self) -> None:
+        """What follows the search: re-validate the best few against the baseline,
+        interleaved (``validation.revalidate``), then ablate the winner
+        (``ablation.ablate``)."""
+        checked = revalidate(
+            study=self.study,
+            definition=self.definition,
+            plan=self.budget.validation_plan(),
+            measure=self.measure,
+            emit=self.emit,
+            defaults=self.space.defaults(),
+        )
+        ablate(
+            study=self.study,
+            definition=self.definition,
+            space=self.space,
+            validation=checked,
+            budget=self.budget,
+            measure=self.measure,
+            emit=self.emit,
+        )
+
+
+def assemble(
+    *,
+    study: optuna.Study,
+    space: ResolvedSpace,
+    definition: StudyDefinition,
+    measure: Measurer,
+    emit: Emit,
+    clock: Callable[[], float] = time.monotonic,
+    started: float | None = None,
+    tick: Callable[[], None] | None = None,
+    tokens_per_sample: int | None = None,
+    logs: Path | None = None,
+) -> Assembly:
+    """The components of a run of ``study`` (opened, over ``space``) as ``definition`` asks,
+    measuring with ``measure`` (module doc). ``clock`` and ``started``: the budget's
+    (``Budget``); ``tick``: called from the main thread while the search waits
+    (``Search``); ``tokens_per_sample`` and ``logs``: the objective's (``Objective``)."""
+    budget = Budget(definition, clock, started=started)
+    objective = Objective(
+        study=study,
+        space=space,
+        definition=definition,
+        measure=measure,
+        budget=budget,
+        emit=emit,
+        tokens_per_sample=tokens_per_sample,
+        logs=logs,
+    )
+    search = Search(
+        study=study,
+        space=space,
+        definition=definition,
+        runners=measure.runners,
+        objective=objective,
+        measure=measure,
+        budget=budget,
+        emit=emit,
+        tick=tick,
+        logs=logs,
+    )
+    return Assembly(
+        study=study,
+        space=space,
+        definition=definition,
+        measure=measure,
+        budget=budget,
+        objective=objective,
+        search=search,
+        emit=emit,
+    )
