@@ -247,10 +247,12 @@ def console_script(
 ) -> Ran:
     """``autotune ARGS`` through the installed console script, in a new process: the
     environment is the session's with ``RAY_*`` and ``AUTOTUNE_*`` taken out and ``env``
-    added (like ``in_process``)."""
+    added (like ``in_process``), and no ``.pyc`` written for a trainer module imported from
+    ``cwd`` (Python's cache, not autotune's output: "nothing written" is about the latter)."""
     import subprocess
 
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "AUTOTUNE_"))}
+    clean["PYTHONDONTWRITEBYTECODE"] = "1"
     p = subprocess.run(autotune_cmd(*args), cwd=cwd, env={**clean, **(env or {})},
                        capture_output=True, text=True, timeout=timeout)  # fmt: skip
     return Ran(p.returncode, p.stdout, p.stderr)

@@ -87,6 +87,9 @@ class TrialRunner:
         from ray.util.placement_group import placement_group
 
         self.reuse = reuse
+        #: Set by ``abort`` (Ctrl-C or SIGTERM): the ranks that fail now were killed by it, so
+        #: no failure waits to learn whether a node died.
+        self.aborted = False
         self.world_size = world_size
         self.backend = backend
         self.gpus_per_rank = 1 if backend == "nccl" else 0
@@ -126,6 +129,7 @@ class TrialRunner:
         trial then fails at once instead of running to its end."""
         import ray
 
+        self.aborted = True
         self.pool.drop()
         if (task := self._task) is not None:
             # a KeyboardInterrupt in the task: its ``finally`` ends the command's processes
@@ -303,8 +307,10 @@ class TrialRunner:
                     if other.reason == FailureReason.NODE_LOST:
                         return other
                     symptoms.append(other)
-        if not all(gone_away(f) for f in symptoms):
-            return first  # a rank's own error: the configuration's failure, not the cluster's
+        if self.aborted or not all(gone_away(f) for f in symptoms):
+            # a rank's own error: the configuration's failure, not the cluster's; or the run
+            # killed the ranks itself (the trial is recorded interrupted)
+            return first
         until = time.monotonic() + NODE_DEATH_WAIT_S
         while True:
             alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
