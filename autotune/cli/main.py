@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 from autotune.cli import study as cli_study
 from autotune.cli import tools as cli_tools
@@ -32,9 +32,8 @@ from autotune.core.errors import (
 from autotune.definition import settings
 from autotune.definition.studydef import StudyDefinition
 from autotune.limit.probe import summary_line
-from autotune.record.attrs import LimitRecord, StopRecord, load
+from autotune.record.attrs import LimitRecord, StopRecord, load_readable
 from autotune.record.storage import display_url
-from autotune.record.typed import RecordError
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "Parser", "build_parser", "default_run_dir", "main"]
 
@@ -42,7 +41,6 @@ __all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "Parser", "build_parser", "default_
 #: from here, Ray's start and the placement included.
 STARTED = time.monotonic()
 EXIT_USAGE = 2
-R = TypeVar("R")
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
 
@@ -187,17 +185,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _record(study: Any, cls: type[R]) -> R | None:
-    """A record of the study for the summary; None when there is none or it is unreadable
-    (a study from elsewhere may hold anything: the report says what could not be read)."""
-    if study is None:
-        return None
-    try:
-        return load(study, cls)
-    except RecordError:
-        return None
-
-
 def _exported_line(path: Path) -> str:
     """What the exported profile says, in one line: the speedup it stands for and on what."""
     from autotune.profile.profile import Profile
@@ -227,12 +214,12 @@ def _print_summary(console: Any, summary: Any) -> None:
             f"Search     baseline {summary.baseline:.1f} samples/s, best single trial "
             f"{summary.best:.1f} samples/s ({summary.best / summary.baseline:.2f}x)"
         )
-    stop = _record(summary.study, StopRecord)
+    stop = None if summary.study is None else load_readable(summary.study, StopRecord)
     if stop is not None:
         say(f"Stopped    {stop.line().removeprefix('Search stopped ')}")
     if summary.profile_path:
         say(f"Exported   {_exported_line(summary.profile_path)}")
-    limit = _record(summary.study, LimitRecord)
+    limit = None if summary.study is None else load_readable(summary.study, LimitRecord)
     if limit is not None and (line := summary_line(limit.probes())):
         say(f"Limit      {line.removeprefix('Limit: ')}")
     say(f"Storage    {display_url(summary.storage_url)}")

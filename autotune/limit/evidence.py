@@ -48,14 +48,11 @@ from typing import Any
 __all__ = [
     "COMM_BOUND_SHARE",
     "DATA_BOUND_SHARE",
-    "FIRST_ATTR",
     "Evidence",
     "expected_gain",
     "fit_alpha_beta",
 ]
 
-#: The study's user attribute holding the first measurement.
-FIRST_ATTR = "first_measurement"
 #: Exposed communication, as a share of the step, from which communication is the bottleneck.
 COMM_BOUND_SHARE = 0.2
 #: Data loading, as a share of the step, from which the data pipeline is.

@@ -45,12 +45,11 @@ import optuna
 from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialFailed
 from autotune.limit.evidence import COMM_BOUND_SHARE, DATA_BOUND_SHARE, Evidence
-from autotune.record.attrs import ATTRS, FirstMeasurement, LimitRecord, load, save
+from autotune.record.attrs import FirstMeasurement, LimitRecord, load, save
 from autotune.record.typed import RecordError
 from autotune.report.events import Emit, Note
 
 __all__ = [
-    "LIMIT_ATTR",
     "bounds",
     "breakdown",
     "measure_limit",
@@ -59,8 +58,6 @@ __all__ = [
     "summary_line",
 ]
 
-#: The study's user attribute holding the last limit measurement.
-LIMIT_ATTR = ATTRS[LimitRecord]
 #: All-reduce rounds of the communication-only measurement (after one unmeasured round).
 COMM_REPEATS = 3
 #: The least optimistic gain (``autotune.limit.evidence``) worth naming as the next step.

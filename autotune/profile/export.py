@@ -25,6 +25,7 @@ from autotune.record.attrs import (
     LimitRecord,
     ValidationRecord,
     load,
+    load_readable,
     load_screening,
 )
 from autotune.record.study import (
@@ -37,7 +38,6 @@ from autotune.record.study import (
     throughput,
     validation,
 )
-from autotune.record.typed import RecordError
 
 __all__ = ["PARETO_RULE", "export_profile", "pareto_choice", "screening_note", "study_profile"]
 
@@ -288,10 +288,7 @@ def limit_of(study: optuna.Study, config: TrialConfig) -> dict[str, Any] | None:
     figures of the defaults and of ``config``; None when the last probe was of another
     configuration (a later run, ``--trial``), there was none, or it is not one autotune wrote
     (the profile is then exported without it)."""
-    try:
-        limit = load(study, LimitRecord)
-    except RecordError:
-        return None
+    limit = load_readable(study, LimitRecord)
     if limit is None:
         return None
     probed = limit.tuned or limit.baseline

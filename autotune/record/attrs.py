@@ -45,6 +45,7 @@ __all__ = [
     "StopRecord",
     "ValidationRecord",
     "load",
+    "load_readable",
     "load_screening",
     "save",
     "save_screening",
@@ -272,6 +273,16 @@ def load(study: optuna.Study, cls: type[R]) -> R | None:
     name = ATTRS[cls]
     raw = study.user_attrs.get(name)
     return None if raw is None else read(cls, raw, name)
+
+
+def load_readable(study: optuna.Study, cls: type[R]) -> R | None:
+    """``load``, with a record that is not what autotune writes read as none: for what only
+    shows a record (the run's summary, the report's figures, the profile's limit section),
+    where the report says elsewhere what could not be read."""
+    try:
+        return load(study, cls)
+    except RecordError:
+        return None
 
 
 def save_screening(study: optuna.Study, effects: dict[str, ScreenEffect]) -> None:

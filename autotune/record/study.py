@@ -51,7 +51,6 @@ __all__ = [
     "is_autotune_study",
     "open_study",
     "record",
-    "rel_noise",
     "tag",
     "throughput",
     "validation",
@@ -121,11 +120,6 @@ def complete(study: optuna.Study) -> list[FrozenTrial]:
 def throughput(t: FrozenTrial) -> float:
     """A COMPLETE trial's samples/s (its first objective, whatever the study's objectives)."""
     return t.values[0]
-
-
-def rel_noise(t: FrozenTrial) -> float:
-    """The relative half-width of a trial's 95 % interval (0 when it has none)."""
-    return tr.rel_noise(t)
 
 
 def baseline_trial(study: optuna.Study) -> FrozenTrial | None:

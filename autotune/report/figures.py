@@ -11,8 +11,7 @@ from typing import Any
 import optuna
 
 from autotune.limit.probe import summary_line
-from autotune.record.attrs import LimitRecord, load
-from autotune.record.typed import RecordError
+from autotune.record.attrs import LimitRecord, load_readable
 
 __all__ = ["LIMIT_TITLE", "failure_figures", "html_table", "limit_figures", "limit_section"]
 
@@ -57,18 +56,10 @@ def failure_figures(failures: Counter[str]) -> tuple[Any, Any]:
     return pf, ax
 
 
-def _limit(study: optuna.Study) -> LimitRecord | None:
-    """The study's limit record; None when it has none or it is not one autotune wrote."""
-    try:
-        return load(study, LimitRecord)
-    except RecordError:
-        return None
-
-
 def _probes(study: optuna.Study) -> dict[str, dict[str, Any]]:
     """The study's probed configurations that have a breakdown (a study from elsewhere may
     hold anything under the attribute: what is not a probe record is left out)."""
-    limit = _limit(study)
+    limit = load_readable(study, LimitRecord)
     if limit is None:
         return {}
     out = {}
@@ -131,7 +122,7 @@ def limit_section(study: optuna.Study) -> str:
             pct(b.get("comm_share")), pct(b.get("hidden_share")),
             "" if bus is None else f"{bus:.3g} Gbit/s", rec.get("next", ""), rec.get("trace") or "",
         ])  # fmt: skip
-    limit = _limit(study)
+    limit = load_readable(study, LimitRecord)
     line = "" if limit is None else summary_line(limit.probes()) or ""
     cost = None if limit is None else limit.cost_s
     return (

@@ -26,7 +26,7 @@ from autotune.limit.evidence import Evidence
 from autotune.limit.probe import probe_one
 from autotune.record import trial as tr
 from autotune.record.attrs import FirstMeasurement, load, save
-from autotune.record.study import baseline_trial, rel_noise
+from autotune.record.study import baseline_trial
 from autotune.record.typed import RecordError
 from autotune.report.events import Emit, Note
 from autotune.search.budget import Budget
@@ -129,7 +129,7 @@ def _probe_defaults(
             device=device,
             steps=_probe_steps(base, space.target.global_batch),
         )
-        ev = Evidence.from_probe(record, device=device, noise=max(rel_noise(base), HELPS))
+        ev = Evidence.from_probe(record, device=device, noise=max(tr.rel_noise(base), HELPS))
     except (TrialFailed, KeyError, TypeError, ValueError, ZeroDivisionError) as e:
         emit(Note(f"The first measurement failed ({type(e).__name__}: {e}): screening in the "
                   "priors' listed order"))  # fmt: skip

@@ -2,7 +2,7 @@
 trials until a stop.
 
 The first measurement (``search.first_look.first_measurement``) is the limit probe of the baseline's
-configuration, taken once and stored on the study (``limit.evidence.FIRST_ATTR``): it orders the
+configuration, taken once and stored on the study (``record.attrs.FirstMeasurement``): it orders the
 screening by expected gain and skips what cannot help (``screening.plan``). The search stops
 for one of the reasons in ``autotune.search.stop``, each said in one line and stored on the study:
 

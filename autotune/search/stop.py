@@ -26,19 +26,18 @@ from autotune.core.knobs import changed_knobs
 from autotune.definition.studydef import StudyDefinition
 from autotune.limit.evidence import Evidence
 from autotune.record import trial as tr
-from autotune.record.attrs import ATTRS, FirstMeasurement, StopRecord, load
+from autotune.record.attrs import FirstMeasurement, StopRecord, load
 from autotune.record.study import (
     anchored_speedups,
     anchors,
     baseline_trial,
     complete,
-    rel_noise,
     throughput,
 )
 from autotune.record.typed import RecordError
 from autotune.search.budget import rounds_to_tell
 
-__all__ = ["STOP_ATTR", "Convergence", "StopRecord", "noise_rel", "reserve_for"]
+__all__ = ["Convergence", "noise_rel", "reserve_for"]
 __all__ += ["search_lines"]
 
 #: Completed trials before convergence is judged (the GP's own minimum is 20).
@@ -55,16 +54,13 @@ NOISE_FLOOR = 0.01
 #: The least noise a candidate's gain is judged against (``screening.HELPS``).
 LEAST_NOISE = 0.02
 
-#: The study's user attribute holding the last run's stop (``record.attrs.StopRecord``).
-STOP_ATTR = ATTRS[StopRecord]
-
 
 def noise_rel(study: optuna.Study) -> float:
     """The measured run-to-run noise, relative: the larger of the median trial's interval
     half-width and the spread of the defaults' runs (1.96 standard deviations over their
     mean, from three runs on), at least ``NOISE_FLOOR``."""
     done = complete(study)
-    rel = statistics.median([rel_noise(t) for t in done]) if done else 0.0
+    rel = statistics.median([tr.rel_noise(t) for t in done]) if done else 0.0
     runs = [throughput(t) for t in anchors(study)]
     if len(runs) >= 3:
         rel = max(rel, 1.96 * statistics.stdev(runs) / statistics.fmean(runs))
@@ -88,7 +84,7 @@ def reserve_for(
     done = complete(study)
     speedups = anchored_speedups(done)
     base = baseline_trial(study)
-    floor = rel_noise(base) if base is not None else 0.0
+    floor = tr.rel_noise(base) if base is not None else 0.0
     seen: set[tuple] = set() if base is None else {tuple(sorted(base.params.items()))}
     beyond: list[tuple[optuna.trial.FrozenTrial, float, float]] = []
     above = 0
@@ -97,7 +93,7 @@ def reserve_for(
         if tr.is_baseline(t) or key in seen:
             continue
         seen.add(key)
-        speedup, noise = speedups.get(t.number, 0.0), max(rel_noise(t), floor)
+        speedup, noise = speedups.get(t.number, 0.0), max(tr.rel_noise(t), floor)
         above += speedup > 1
         if speedup * (1 - noise) > 1:
             beyond.append((t, speedup * (1 - noise), speedup * (1 + noise)))
@@ -110,7 +106,7 @@ def reserve_for(
     ablate = len(changed_knobs(beyond[0][0].params, defaults)) if d.ablate else 0
     rounds = None
     if len(beyond) == 1:
-        rounds = rounds_to_tell(best_low - 1, max(floor, rel_noise(beyond[0][0]), LEAST_NOISE))
+        rounds = rounds_to_tell(best_low - 1, max(floor, tr.rel_noise(beyond[0][0]), LEAST_NOISE))
     return len(beyond), ablate, rounds
 
 

@@ -12,12 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from autotune.limit.evidence import FIRST_ATTR, Evidence
+from autotune.limit.evidence import Evidence
+from autotune.record.attrs import ATTRS, FirstMeasurement, StopRecord
 from autotune.replay.simulate import Landscape, replay
 from autotune.search.loop import UNTRIED_SHARE
 from autotune.search.screening import HELPS, plan
-from autotune.search.stop import STOP_ATTR, StopRecord
 from tests.conftest import REPO
+
+FIRST_ATTR = ATTRS[FirstMeasurement]
+STOP_ATTR = ATTRS[StopRecord]
 
 LANDSCAPES = REPO / "bench" / "landscapes"
 #: Every recorded landscape that carries a first measurement.
