@@ -63,6 +63,7 @@ from autotune.record.study import (
     open_study,
     throughput,
 )
+from autotune.record.vet import check_studies
 from autotune.report.events import Emit, Note, ignore
 from autotune.script.job import ScriptJob, script_job
 from autotune.search.assembly import Assembly, assemble
@@ -198,6 +199,9 @@ def _checked(req: RunRequest) -> tuple[StudyDefinition, Workload | ScriptJob, Se
         check_study_name(req.study_name)
     if req.storage_url is not None:
         storage_mod.check_url(storage_url)
+    # a study this run may resume runs what it holds: checked now, before Ray starts
+    job = workload.name if isinstance(workload, ScriptJob) else d.trainer.replace(":", ".")
+    check_studies(storage_url, name=req.study_name, prefix=f"{d.name}-{job}-")
     return d, workload, space, storage_url
 
 

@@ -19,6 +19,18 @@ TESTS = REPO / "tests"
 ORIGINAL_PYTHONPATH = os.environ.get("PYTHONPATH")
 
 
+def pytest_collection_modifyitems(config, items):
+    """The ``stress`` tier (a hostile case repeated tens of times) runs only where asked."""
+    if os.environ.get("AUTOTUNE_STRESS") == "1":
+        return
+    skip = pytest.mark.skip(
+        reason="stress tier: repeats a case many times; AUTOTUNE_STRESS=1 runs it"
+    )
+    for item in items:
+        if "stress" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def one_torch_thread():
     """What torch computes in the test process itself (the built-in trainers' steps in

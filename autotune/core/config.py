@@ -22,9 +22,12 @@ from autotune.core import allocator
 from autotune.core.errors import ConfigError
 from autotune.core.knobs import KNOBS, UNSET
 from autotune.core.target import Target
+from autotune.core.validate import FILE_FIX, check_config
 
 __all__ = ["TrialConfig"]
 
+#: How a study's configuration that fails the check is dealt with.
+STUDY_FIX = "autotune never stores this: the study is not one to run; start a new study"
 #: PowerSGD compresses from this iteration on; small so that warm-up covers the switch.
 #: (torch's default of 1000 would make every short trial measure plain all-reduce.)
 POWERSGD_START_ITER = 2
@@ -97,17 +100,27 @@ class TrialConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, where: str = "configuration") -> TrialConfig:
-        """The configuration a trial stored (``to_dict``); a mapping with other keys (a study
-        from someone else's database) is a ConfigError naming ``where``."""
+    def from_dict(
+        cls, data: Mapping[str, Any], *, where: str = "configuration", fix: str = STUDY_FIX
+    ) -> TrialConfig:
+        """The configuration a trial stored (``to_dict``), checked (``check``): a mapping with
+        other keys or a value out of its bounds (a study from someone else's database) is a
+        ConfigError naming ``where`` and ending with ``fix``."""
         names = {f.name for f in fields(cls)}
         if not isinstance(data, Mapping) or set(data) != names:
-            got = sorted(data) if isinstance(data, Mapping) else type(data).__name__
+            got = sorted(map(str, data))[:12] if isinstance(data, Mapping) else type(data).__name__
             raise ConfigError(
                 f"{where}: not an autotune trial configuration (expected keys "
                 f"{', '.join(sorted(names))}; got {got})"
             )
-        return cls(**dict(data))
+        config = cls(**dict(data))
+        config.check(where=where, fix=fix)
+        return config
+
+    def check(self, *, where: str = "configuration", fix: str | None = None) -> None:
+        """Every value known, of its type and inside its bounds (``autotune.core.validate``:
+        the one check of whatever will run); a ``ConfigError`` naming ``where`` and the key."""
+        check_config(self, where=where, fix=fix or FILE_FIX)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,8 +20,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.core import bounds
 from autotune.core.target import Target
-from autotune.core.values import boolean, int_at_least, int_range, is_int, one_of, positive_number
+from autotune.core.values import boolean, int_range, is_int, number_in, one_of
 
 __all__ = [
     "KNOBS",
@@ -172,7 +173,7 @@ _KNOB_LIST = [
         name="micro_batch",
         section="batch",
         default=lambda t: t.per_rank_batch,
-        legal=int_at_least(1),
+        legal=int_range(1, bounds.MAX_MICRO_BATCH),
         drop=_micro_batch_drop,
         drop_choice=_micro_batch_choice,
         doc="samples per rank per forward pass; accumulation steps keep the global batch",
@@ -182,7 +183,7 @@ _KNOB_LIST = [
         name="bucket_cap_mb",
         section="ddp",
         default=25.0,
-        legal=positive_number,
+        legal=number_in(0.0, bounds.MAX_BUCKET_MB),
         doc="DDP gradient bucket size in MiB (PyTorch default 25)",
     ),
     Knob(
@@ -215,7 +216,7 @@ _KNOB_LIST = [
         name="powersgd_rank",
         section="ddp",
         default=1,
-        legal=int_at_least(1),
+        legal=int_range(1, bounds.MAX_POWERSGD_RANK),
         parent=("comm_hook", lambda v, t: v == "powersgd"),
         doc="PowerSGD matrix_approximation_rank (only when comm_hook is powersgd)",
     ),
@@ -224,7 +225,7 @@ _KNOB_LIST = [
         name="num_workers",
         section="data",
         default=0,
-        legal=int_at_least(0),
+        legal=int_range(0, bounds.MAX_WORKERS),
         doc="DataLoader worker processes per rank",
     ),
     Knob(
@@ -240,7 +241,7 @@ _KNOB_LIST = [
         name="prefetch_factor",
         section="data",
         default=2,
-        legal=int_at_least(1),
+        legal=int_range(1, bounds.MAX_PREFETCH),
         parent=("num_workers", _workers_on),
         doc="batches each DataLoader worker loads ahead (only with workers)",
     ),
@@ -268,7 +269,7 @@ _KNOB_LIST = [
         name="threads",
         section="cpu",
         default=_default_threads,
-        legal=int_at_least(1),
+        legal=int_range(1, bounds.MAX_THREADS),
         drop=_threads_drop,
         drop_choice=_threads_choice,
         doc="intra-op CPU threads per rank (OMP_NUM_THREADS; default as torchrun's)",
@@ -297,7 +298,7 @@ _KNOB_LIST = [
         choices_only=True,
         section="nccl",
         default=UNSET,
-        legal=_nccl(int_at_least(1)),
+        legal=_nccl(int_range(1, bounds.MAX_NCCL_BUFFSIZE)),
         drop=_only_nccl,
         doc="bytes of buffer per channel between peers (NCCL default 4 MiB)",
     ),
@@ -342,7 +343,7 @@ _KNOB_LIST = [
         choices_only=True,
         section="nccl",
         default=UNSET,
-        legal=_nccl(int_at_least(1)),
+        legal=_nccl(int_range(1, bounds.MAX_NSOCKS_PERTHREAD)),
         drop=_only_nccl,
         doc="sockets per helper thread; threads x sockets must be <= 64",
     ),

@@ -13,6 +13,7 @@ __all__ = [
     "int_range",
     "is_int",
     "is_number",
+    "number_in",
     "one_of",
     "positive_number",
 ]
@@ -54,3 +55,13 @@ def int_range(lo: int, hi: int) -> Callable[[Any], str | None]:
 def positive_number(v: Any) -> str | None:
     ok = is_number(v) and 0 < v < float("inf")
     return None if ok else "must be a positive finite number"
+
+
+def number_in(lo: float, hi: float) -> Callable[[Any], str | None]:
+    """A finite number above ``lo`` and at most ``hi``."""
+
+    def check(v: Any) -> str | None:
+        ok = is_number(v) and lo < v <= hi
+        return None if ok else f"must be a number above {lo:g} and at most {hi:g}"
+
+    return check

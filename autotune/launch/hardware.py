@@ -128,10 +128,23 @@ def nvlink_active(status: str) -> bool:
     return any(":" in ln and "inactive" not in ln.split(":", 1)[1].lower() for ln in links)
 
 
+#: The most characters of one recorded value a difference line shows (a profile may come from
+#: someone else: its values are checked short, and shown cut besides).
+SHOWN_CHARS = 80
+
+
 def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """``key: recorded -> current`` for every compared key that differs."""
+    """``key: recorded -> current`` for every compared key that differs, each value shown in
+    at most ``SHOWN_CHARS`` characters."""
     return [
-        f"{k}: {recorded.get(k)!r} -> {current.get(k)!r}"
+        f"{k}: {_shown(recorded.get(k))} -> {_shown(current.get(k))}"
         for k in COMPARED
         if k in recorded and recorded.get(k) != current.get(k)
     ]
+
+
+def _shown(value: Any) -> str:
+    if not isinstance(value, (str, int, float, bool, type(None))):
+        return f"<{type(value).__name__}>"
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."

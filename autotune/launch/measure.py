@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import optuna
 
 from autotune.core.config import MeasureSettings, TrialConfig
+from autotune.core.errors import ConfigError, FailureReason, TrialFailed
 from autotune.core.stats import Interval
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.launcher import TrialRunner
@@ -141,7 +142,12 @@ class RayMeasurer:
     ) -> TrialResult:
         """One real run of ``config`` (trial ``number``); raises ``TrialFailed``. With
         ``log_dir``, the ranks' output goes there; with ``limit``, it is the limit probe
-        (``autotune.rank.limit_probe``)."""
+        (``autotune.rank.limit_probe``). The configuration is checked once more here, whatever
+        it came from (``TrialConfig.check``): one out of bounds fails as ``illegal``."""
+        try:
+            config.check(where=f"trial {number}")
+        except ConfigError as e:
+            raise TrialFailed(FailureReason.ILLEGAL, str(e)) from None
         if self.d.command:  # script mode: the user's command, in the placement group
             from autotune.script.trial import run_script
 

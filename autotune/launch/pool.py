@@ -149,7 +149,8 @@ class RankPool:
                 num_cpus=self.cpus_per_rank,
                 num_gpus=self.gpus_per_rank,
                 scheduling_strategy=self._strategy(i),
-                runtime_env={"env_vars": {**self._listen_env, **env}},
+                # where the ranks listen is the run's to say: its settings come last
+                runtime_env={"env_vars": {**env, **self._listen_env}},
             ).remote(sorted(env))
             for i in range(self.world_size)
         ]

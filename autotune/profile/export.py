@@ -18,6 +18,7 @@ from autotune.core.config import TrialConfig
 from autotune.core.errors import ConfigError
 from autotune.definition.durations import format_duration
 from autotune.limit.probe import summary_line
+from autotune.profile.profile import EXPORT_FIX as _FIX
 from autotune.profile.profile import Profile
 from autotune.record import trial as tr
 from autotune.record.attrs import (
@@ -315,9 +316,9 @@ def _profile(
     rec = record(study)
     where = f"study {study.study_name!r} trial {best.number}"
     if ablated_config is not None:
-        config = TrialConfig.from_dict(ablated_config, where=f"{where} (ablated)")
+        config = TrialConfig.from_dict(ablated_config, where=f"{where} (ablated)", fix=_FIX)
     else:
-        config = tr.config(best, where=where)
+        config = tr.config(best, where=where, fix=_FIX)
     if rec is None or not rec.workload or not rec.hardware:
         raise ConfigError(f"study {study.study_name!r}: its autotune record lacks workload or "
                           f"hardware; not a study autotune wrote")  # fmt: skip

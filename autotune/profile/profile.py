@@ -152,7 +152,25 @@ class Profile:
 
         return differences(self.hardware, describe(self.workload.get("backend", "gloo")))
 
+    def machine_warnings(self, cpus: int | None = None) -> list[str]:
+        """What the profile asks beyond this machine (``cpus``: its CPUs, by default those
+        this process may run on): more DataLoader workers or threads per rank than it has
+        CPUs. Within ``autotune.core.bounds`` such a profile is legal - a job may use fewer
+        ranks per node than the profile's - so it is warned about, not refused."""
+        cpus = cpus or len(os.sched_getaffinity(0))
+        out = []
+        workers = self.data.get("num_workers", 0)
+        if workers > cpus:
+            out.append(f"data.num_workers {workers} per rank, on {cpus} CPU(s)")
+        threads = int(self.env.get("OMP_NUM_THREADS", "1"))
+        if threads > cpus:
+            out.append(f"env.OMP_NUM_THREADS {threads} per rank, on {cpus} CPU(s)")
+        return out
+
     def warn_if_hardware_differs(self) -> list[str]:
+        for line in self.machine_warnings():
+            warnings.warn(f"profile {self.study.get('name')!r} asks more than this machine "
+                          f"has: {line}", stacklevel=3)  # fmt: skip
         diffs = self.hardware_differences()
         if diffs:
             warnings.warn(
@@ -241,7 +259,7 @@ class Profile:
             trial = study.get("best_trial")
             where = f"study {study['name']!r}" + ("" if trial is None else f" trial {trial}")
         where = where or "profile"
-        fix = "autotune never writes this; export another trial (--trial N)"
+        fix = EXPORT_FIX
         for name in ("env", "ddp", "comm_hook", "data"):
             if not isinstance(getattr(config, name), dict):
                 raise ConfigError(f"{where}: config.{name} must be a mapping; {fix}")
@@ -260,6 +278,9 @@ class Profile:
         check_values(profile.to_mapping(), where=where, fix=fix)
         return profile
 
+
+#: How a study's configuration that fails the check is dealt with when exporting it.
+EXPORT_FIX = "autotune never writes this; export another trial (--trial N)"
 
 _HEADER = (
     "# autotune profile: the best configuration the study measured, and the evidence.\n"

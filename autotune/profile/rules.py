@@ -10,23 +10,15 @@ environment for a shell.
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from autotune.core import allocator
+from autotune.core import bounds, validate
 from autotune.core import safe_yaml as _yaml
 from autotune.core.errors import ConfigError
-from autotune.core.knobs import (
-    COMM_HOOKS,
-    KNOBS,
-    PRECISIONS,
-    UNSET,
-    Knob,
-    Target,
-    illegal_combination,
-)
+from autotune.core.validate import ALLOWED_ENV, HOOK_KEYS, check_env
+from autotune.core.values import boolean, int_range
 
 __all__ = [
     "ALLOWED_ENV",
@@ -105,124 +97,41 @@ TOP = (
     "precision",
     "batch",
 )
-HOOK_KEYS = ("name", "matrix_approximation_rank", "start_powerSGD_iter")
-
-#: The only environment variables a profile may set, each with the knob whose legality rule
-#: its value must pass (written as a string): the NCCL knobs, OMP_NUM_THREADS (``threads``)
-#: and glibc's two allocator thresholds (``autotune.core.allocator``: not searched, set alike in
-#: every trial). Anything else (LD_PRELOAD, PYTHONPATH, a name that is shell syntax) is
-#: refused at load.
-ALLOWED_ENV: Mapping[str, Knob] = {
-    "OMP_NUM_THREADS": KNOBS["threads"],
-    **{name: k for name, k in KNOBS.items() if k.section == "nccl"},
-    allocator.MMAP_ENV: Knob(
-        name=allocator.MMAP_ENV, section="env", doc="glibc malloc's mmap threshold, pinned",
-        default=UNSET, legal=allocator.legal_mmap,
-    ),
-    allocator.TRIM_ENV: Knob(
-        name=allocator.TRIM_ENV, section="env", doc="glibc malloc's trim threshold, pinned",
-        default=UNSET, legal=allocator.legal_trim,
-    ),
-}  # fmt: skip
 #: How a file's problem is fixed (a study's: ``Profile.from_config``).
-FILE_FIX = "correct it in the file or export the study again"
-#: ``illegal_combination`` needs a target; its environment rules do not look at it.
-_ANY_TARGET = Target(backend="nccl", device="cuda", world_size=1, global_batch=1, cpus_per_rank=1)
+FILE_FIX = validate.FILE_FIX
 
 
-def _whole(lo: int) -> Callable[[Any], str | None]:
-    def check(v: Any) -> str | None:
-        ok = isinstance(v, int) and not isinstance(v, bool) and v >= lo
-        return None if ok else f"must be a whole number >= {lo}"
-
-    return check
-
-
-def _flag(v: Any) -> str | None:
-    return None if isinstance(v, bool) else "must be true or false"
-
-
-#: The values autotune computes with or passes to torch: (section, key) -> why a value is wrong.
-_RULES: dict[tuple[str, str], Callable[[Any], str | None]] = {
-    ("workload", "world_size"): _whole(1),
-    ("workload", "global_batch"): _whole(1),
-    ("workload", "free_batch"): _flag,
-    ("ddp", "bucket_cap_mb"): KNOBS["bucket_cap_mb"].legal,
-    ("ddp", "gradient_as_bucket_view"): _flag,
-    ("ddp", "static_graph"): _flag,
-    ("ddp.comm_hook", "matrix_approximation_rank"): _whole(1),
-    ("ddp.comm_hook", "start_powerSGD_iter"): _whole(0),
-    ("data", "num_workers"): _whole(0),
-    ("data", "pin_memory"): _flag,
-    ("data", "prefetch_factor"): _whole(1),
-    ("data", "persistent_workers"): _flag,
-    ("batch", "micro_batch"): _whole(1),
-    ("batch", "accumulation_steps"): _whole(1),
-    ("batch", "global_batch"): _whole(1),
+#: The workload's values autotune computes with (the configuration's: ``core.validate``).
+_WORKLOAD_RULES: dict[str, Callable[[Any], str | None]] = {
+    "world_size": int_range(1, bounds.MAX_WORLD_SIZE),
+    "global_batch": int_range(1, bounds.MAX_GLOBAL_BATCH),
+    "free_batch": boolean,
 }
 
 
-def _env_value(value: str) -> Any:
-    """An environment string as the knob's rule sees it: digits are a whole number."""
-    return int(value) if re.fullmatch(r"[0-9]{1,18}", value) else value
-
-
-def check_env(env: Any, *, where: str = "profile", fix: str = FILE_FIX) -> None:
-    """Refuse an ``env`` section that sets anything but ``ALLOWED_ENV``'s variables, a value
-    that is not a string, or a value its knob's legality rule refuses; ``where`` and ``fix``
-    go into the one-line ``ConfigError``."""
-    if not isinstance(env, dict):
-        raise ConfigError(
-            f"{where}: env must map variable names to strings (quote numbers), got "
-            f"{type(env).__name__}; {fix}"
-        )
-    for name, value in env.items():
-        if name not in ALLOWED_ENV:
-            raise ConfigError(
-                f"{where}: env key {name!r} is not allowed: a profile sets only "
-                f"{', '.join(ALLOWED_ENV)}; {fix}"
-            )
-        if not isinstance(value, str):
-            raise ConfigError(
-                f"{where}: env must map variable names to strings (quote numbers), got "
-                f"{name}: {value!r}; {fix}"
-            )
-        if value == UNSET:
-            reason: str | None = f"must not be {UNSET!r} (leave the key out to keep NCCL's)"
-        else:
-            reason = ALLOWED_ENV[name].legal(_env_value(value))
-        if reason:
-            reason = reason.removesuffix(f", or '{UNSET}' to leave it unset")
-            raise ConfigError(f"{where}: env.{name} {reason}, got {value!r}; {fix}")
-    nccl = {k: _env_value(v) for k, v in env.items() if k.startswith("NCCL_")}
-    reason = illegal_combination(nccl, _ANY_TARGET)
-    if reason:
-        raise ConfigError(f"{where}: env: {reason}; {fix}")
-
-
 def check_values(data: Mapping[str, Any], *, where: str, fix: str) -> None:
-    """The env, the precision, the hook's name and every ``_RULES`` value that ``data`` holds
-    (a profile's mapping, whole or in part)."""
-    check_env(data.get("env", {}), where=where, fix=fix)
-    ddp = data.get("ddp")
-    sections = {**data, "ddp.comm_hook": ddp.get("comm_hook") if isinstance(ddp, dict) else None}
-    for (section, key), rule in _RULES.items():
-        values = sections.get(section)
-        if isinstance(values, dict) and key in values:
-            reason = rule(values[key])
-            if reason:
-                raise ConfigError(f"{where}: {section}.{key} {reason}, got {values[key]!r}; {fix}")
-    hook = sections["ddp.comm_hook"]
-    if isinstance(hook, dict) and "name" in hook and hook["name"] not in COMM_HOOKS:
-        raise ConfigError(
-            f"{where}: ddp.comm_hook.name must be one of {', '.join(COMM_HOOKS)}, got "
-            f"{hook['name']!r}; {fix}"
-        )
-    if "precision" in data and data["precision"] not in PRECISIONS:
-        raise ConfigError(
-            f"{where}: precision must be one of {', '.join(PRECISIONS)}, got "
-            f"{data['precision']!r}; {fix}"
-        )
+    """A profile's values by the one check of a configuration (``core.validate``: env,
+    DDP kwargs, hook, DataLoader, batch, precision, each in its bounds) and the workload's."""
+    validate.check_env(data.get("env", {}), where=where, fix=fix)
+    ddp = data.get("ddp") if isinstance(data.get("ddp"), dict) else {}
+    env = data.get("env", {})
+    threads = {"threads": int(env["OMP_NUM_THREADS"])} if "OMP_NUM_THREADS" in env else {}
+    validate.check_sections(
+        {
+            "ddp": {k: v for k, v in ddp.items() if k != "comm_hook"},
+            "ddp.comm_hook": ddp.get("comm_hook"),
+            "data": data.get("data"),
+            "batch": data.get("batch") if isinstance(data.get("batch"), dict) else {},
+            "threads": threads,
+            "precision": {"precision": data["precision"]} if "precision" in data else {},
+        },
+        where=where,
+        fix=fix,
+    )
+    workload = data.get("workload")
+    for key, rule in _WORKLOAD_RULES.items():
+        if isinstance(workload, dict) and key in workload and (reason := rule(workload[key])):
+            raise ConfigError(f"{where}: workload.{key} {reason}, got {workload[key]!r}; {fix}")
 
 
 def shell_exports(env: Mapping[str, str]) -> str:
@@ -234,11 +143,27 @@ def shell_exports(env: Mapping[str, str]) -> str:
 def check_mapping(data: dict[str, Any], *, where: str = "profile") -> None:
     """A profile file's mapping: every section and key known and present where required, the
     version this autotune reads, every value by ``check_values``, and the batch arithmetic."""
+    try:
+        _check_structure(data, where)
+    except ConfigError as e:
+        raise ConfigError(f"{e}; {FILE_FIX}") from None
+    check_values(data, where=where, fix=FILE_FIX)
+    b, w = data["batch"], data["workload"]
+    if b["micro_batch"] * b["accumulation_steps"] * w["world_size"] != b["global_batch"]:
+        raise ConfigError(
+            f"{where}: batch.micro_batch x batch.accumulation_steps x workload.world_size "
+            f"must equal batch.global_batch, got {b['micro_batch']} x "
+            f"{b['accumulation_steps']} x {w['world_size']} != {b['global_batch']}"
+        )
+
+
+def _check_structure(data: dict[str, Any], where: str) -> None:
+    """Every section and key known and present where required, the version this reads."""
     _yaml.check_keys(data, where=where, allowed=TOP, required=TOP)
     if data["version"] != PROFILE_VERSION:
         raise ConfigError(
             f"{where}: version {data['version']!r} is not supported; this autotune reads "
-            f"version {PROFILE_VERSION} (export the study again)"
+            f"version {PROFILE_VERSION}"
         )
     for section, keys in SECTIONS.items():
         value = data[section]
@@ -251,11 +176,38 @@ def check_mapping(data: dict[str, Any], *, where: str = "profile") -> None:
     if not isinstance(hook, dict):
         raise ConfigError(f"{where}: ddp.comm_hook must be a mapping like {{name: fp16}}")
     _yaml.check_keys(hook, where=f"{where}: ddp.comm_hook", allowed=HOOK_KEYS, required=("name",))
-    check_values(data, where=where, fix=FILE_FIX)
-    b, w = data["batch"], data["workload"]
-    if b["micro_batch"] * b["accumulation_steps"] * w["world_size"] != b["global_batch"]:
-        raise ConfigError(
-            f"{where}: batch.micro_batch x batch.accumulation_steps x workload.world_size "
-            f"must equal batch.global_batch, got {b['micro_batch']} x "
-            f"{b['accumulation_steps']} x {w['world_size']} != {b['global_batch']}"
-        )
+    for section, depth in _DESCRIPTIVE.items():
+        for key, value in data[section].items():
+            _check_small(value, f"{where}: {section}.{key}", depth)
+
+
+#: The sections that describe rather than configure, and how deep their values may nest:
+#: ``hardware`` and ``study`` hold short scalars, ``workload`` a small mapping of options,
+#: ``measured`` the evidence (intervals, screening and ablation tables, the limit).
+_DESCRIPTIVE = {"study": 0, "hardware": 0, "workload": 2, "measured": 6}
+#: The longest string a descriptive value may be.
+MAX_TEXT = 1000
+#: The most items of one list or mapping in a descriptive value.
+MAX_ITEMS = 1000
+
+
+def _check_small(value: Any, where: str, depth: int) -> None:
+    """A short scalar, or (``depth`` > 0) a list or mapping of at most ``MAX_ITEMS`` such
+    values nested ``depth`` deep."""
+    if isinstance(value, str):
+        if len(value) > MAX_TEXT:
+            raise ConfigError(f"{where}: a text of {len(value)} characters; at most {MAX_TEXT}")
+        return
+    if value is None or isinstance(value, (bool, int, float)):
+        return
+    if not isinstance(value, (list, dict)):
+        raise ConfigError(f"{where}: a {type(value).__name__}, not a number, text or flag")
+    if depth <= 0:
+        raise ConfigError(f"{where}: must be a number, a short text or a flag, not a "
+                          f"{type(value).__name__}")  # fmt: skip
+    if len(value) > MAX_ITEMS:
+        raise ConfigError(f"{where}: {len(value)} items; at most {MAX_ITEMS}")
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for k, v in items:
+        _check_small(k, where, 0)
+        _check_small(v, f"{where}.{k}" if isinstance(value, dict) else where, depth - 1)

@@ -246,8 +246,50 @@ class LimitRecord:
     cost_s: float | None = None
 
     def probes(self) -> dict[str, dict[str, Any]]:
-        """The probes it holds by label (``limit.probe.summary_line`` reads this form)."""
-        return {k: v for k, v in (("baseline", self.baseline), ("tuned", self.tuned)) if v}
+        """The probes it holds by label (``limit.probe.summary_line`` reads this form): each a
+        failed probe's record or one whose figures are all there, of their types; a probe
+        record that is neither (a crafted study) is left out (``problems`` says why)."""
+        return {k: v for k, v in self._labelled() if _probe_problem(v) is None}
+
+    def problems(self) -> list[str]:
+        """Why each probe record that ``probes`` leaves out could not be read."""
+        return [f"{k}: {why}" for k, v in self._labelled() if (why := _probe_problem(v))]
+
+    def _labelled(self) -> list[tuple[str, dict[str, Any]]]:
+        return [(k, v) for k, v in (("baseline", self.baseline), ("tuned", self.tuned)) if v]
+
+
+#: A probe's figures (``limit.probe.bounds``): numbers, the two that may be None apart.
+_BOUNDS = ("samples_per_s", "compute_ceiling", "ideal_bound", "share_of_ceiling",
+           "share_of_ideal", "comm_share", "exposed_comm_share")  # fmt: skip
+_BOUNDS_OPTIONAL = ("hidden_share", "busbw_gbit_s")
+#: A probe's breakdown of the step (``limit.probe.breakdown``), in seconds.
+_PARTS = ("data", "forward", "backward", "exposed_comm", "optimizer")
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _probe_problem(rec: Any) -> str | None:
+    """Why ``rec`` is not a probe record autotune writes (None: it is one, or a failed one)."""
+    if not isinstance(rec, dict):
+        return f"not a mapping ({type(rec).__name__})"
+    if "bounds" not in rec:
+        return None  # a failed probe: {trial, failed}
+    b, parts = rec.get("bounds"), rec.get("breakdown")
+    if not isinstance(b, dict) or not isinstance(parts, dict):
+        return "bounds and breakdown must be mappings"
+    bad = [k for k in _BOUNDS if not _number(b.get(k))]
+    bad += [k for k in _BOUNDS_OPTIONAL if b.get(k) is not None and not _number(b.get(k))]
+    bad += [f"breakdown.{k}" for k in _PARTS if not _number(parts.get(k))]
+    if not _number(b.get("share_of_ideal")) or b["share_of_ideal"] <= 0:
+        bad.append("share_of_ideal > 0")
+    if not isinstance(rec.get("world_size"), int) or not isinstance(rec.get("next"), str):
+        bad.append("world_size and next")
+    if rec.get("trace") is not None and not isinstance(rec.get("trace"), str):
+        bad.append("trace")
+    return f"{', '.join(bad[:4])} missing or not of their type" if bad else None
 
 
 #: Each record's attribute.

@@ -7,6 +7,7 @@ behind); ``open_storage`` then opens it with heartbeats, so trials of a driver t
 
 from __future__ import annotations
 
+import re
 import time
 import warnings
 from pathlib import Path
@@ -15,7 +16,7 @@ import optuna
 
 from autotune.core.errors import ConfigError
 
-__all__ = ["check_url", "default_url", "display_url", "open_storage"]
+__all__ = ["check_url", "default_url", "display_url", "open_storage", "redact"]
 
 #: Seconds between heartbeats of a running trial; a trial silent for GRACE_S is stale.
 HEARTBEAT_S = 10
@@ -27,14 +28,22 @@ SQLITE_BUSY_TIMEOUT_S = 20.0
 RDB_BACKENDS = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")
 
 
-def display_url(url: str) -> str:
-    """``url`` as it may be shown: the password replaced by ``***``."""
-    from sqlalchemy.engine import make_url
+#: A URL's credentials in any text: ``scheme://user:password@``.
+_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*):\S*@")
+#: A password given as a query parameter (``?password=...``), which some drivers read.
+_QUERY_PASSWORD = re.compile(r"((?:password|passwd|pwd)=)[^&\s]*", re.IGNORECASE)
 
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL at all: nothing in it parses as a password either
-        return url
+
+def redact(text: str) -> str:
+    """``text`` with every URL password in it (``scheme://user:PASSWORD@host``, and
+    ``password=`` query parameters) replaced by ``***``: for messages that quote a URL, a
+    malformed one included, or a database error that does."""
+    return _QUERY_PASSWORD.sub(r"\1***", _CREDENTIALS.sub(r"\1:***@", text))
+
+
+def display_url(url: str) -> str:
+    """``url`` as it may be shown: the password replaced by ``***`` (``redact``)."""
+    return redact(url)
 
 
 def default_url(run_dir: Path) -> str:

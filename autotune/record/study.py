@@ -25,6 +25,7 @@ from autotune.profile.rules import SECTIONS
 from autotune.record import storage as storage_mod
 from autotune.record import trial as tr
 from autotune.record.attrs import ATTRS, RunRecord, ValidationRecord, load, save
+from autotune.record.vet import check_study
 from autotune.report.events import StudyOpened
 from autotune.search.samplers import make_sampler
 
@@ -244,6 +245,7 @@ def open_study(
     if study is None:
         study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
         _check_resumable(study, name, url, d, directions, workload)
+        check_study(study, url)
     trials_before = 0 if created else len(study.trials)
     save(study, RunRecord(
         version=1,

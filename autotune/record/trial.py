@@ -199,7 +199,7 @@ def config_dict(t: AnyTrial) -> dict[str, Any] | None:
     return _get(t, "config", dict)
 
 
-def config(t: AnyTrial, where: str | None = None) -> TrialConfig:
+def config(t: AnyTrial, where: str | None = None, fix: str | None = None) -> TrialConfig:
     """The configuration ``t`` ran, checked (``TrialConfig.from_dict``); ``RecordError`` when
     it has none."""
     raw = config_dict(t)
@@ -207,7 +207,9 @@ def config(t: AnyTrial, where: str | None = None) -> TrialConfig:
     if raw is None:
         raise RecordError(f"study record {where}: no configuration stored; the study was "
                           f"written by another program - use another --study-name")  # fmt: skip
-    return TrialConfig.from_dict(raw, where=where)
+    if fix is None:
+        return TrialConfig.from_dict(raw, where=where)
+    return TrialConfig.from_dict(raw, where=where, fix=fix)
 
 
 def measured(t: AnyTrial, key: str) -> float | None:

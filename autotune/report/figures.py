@@ -103,9 +103,17 @@ def limit_section(study: optuna.Study) -> str:
     throughput against its compute ceiling and ideal-overlap bound, the all-reduce's bus
     bandwidth, and the trace file."""
     probes = _probes(study)
-    if not probes:
-        return ""
     e = html.escape
+    limit = load_readable(study, LimitRecord)
+    problems = [] if limit is None else limit.problems()
+    unread = (
+        f"<p>The study's limit record could not be read ({e('; '.join(problems))}): it was not "
+        f"written by autotune, and is left out.</p>"
+        if problems
+        else ""
+    )
+    if not probes:
+        return f"<h2>How far from the limit</h2>{unread}" if unread else ""
 
     def pct(x: Any) -> str:
         return "" if not isinstance(x, (int, float)) else f"{x:.0%}"
@@ -122,11 +130,10 @@ def limit_section(study: optuna.Study) -> str:
             pct(b.get("comm_share")), pct(b.get("hidden_share")),
             "" if bus is None else f"{bus:.3g} Gbit/s", rec.get("next", ""), rec.get("trace") or "",
         ])  # fmt: skip
-    limit = load_readable(study, LimitRecord)
     line = "" if limit is None else summary_line(limit.probes()) or ""
     cost = None if limit is None else limit.cost_s
     return (
-        f"<h2>How far from the limit</h2><p><b>{e(line)}</b></p>"
+        f"<h2>How far from the limit</h2><p><b>{e(line)}</b></p>{unread}"
         f"{html_table(head, rows)}"
         f"<p>Measured after the search in {e(str(cost))} s: the compute ceiling is the same "
         "step on the bare model (no all-reduce), the ideal-overlap bound that step plus the "

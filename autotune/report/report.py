@@ -13,6 +13,8 @@ and the profile ``autotune export`` writes for the study.
 
 from __future__ import annotations
 
+import os
+import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -174,8 +176,14 @@ def _mpl_figure(obj: Any) -> Any:
     return np.atleast_1d(obj).flat[0].figure
 
 
+#: How each figure is saved.
+_PNG = {"format": "png", "dpi": 100, "bbox_inches": "tight"}
+
+
 def write(report: Report, out_dir: Path) -> list[Path]:
-    """Write ``report.html`` and one PNG per drawn figure into ``out_dir``; return the paths."""
+    """Write ``report.html`` and one PNG per drawn figure into ``out_dir``; return the paths.
+    Each file is written to a new temporary file and renamed over its name, so a link planted
+    under that name (to a file of the user's elsewhere) is replaced, never written through."""
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -184,12 +192,26 @@ def write(report: Report, out_dir: Path) -> list[Path]:
         if fig.matplotlib is None:
             continue
         mfig = _mpl_figure(fig.matplotlib)
-        path = out_dir / f"{fig.name}.png"
-        mfig.savefig(path, dpi=100, bbox_inches="tight")
+        path = _write_new(out_dir / f"{fig.name}.png", lambda f, m=mfig: m.savefig(f, **_PNG))
         plt.close(mfig)
         written.append(path)
-    page = out_dir / "report.html"
-    tmp = page.with_suffix(".html.tmp")
-    tmp.write_text(html_page(report), encoding="utf-8")
-    tmp.replace(page)
+    text = html_page(report).encode("utf-8")
+    page = _write_new(out_dir / "report.html", lambda f: f.write(text))
     return [page, *written]
+
+
+def _write_new(path: Path, fill: Callable[[Any], Any]) -> Path:
+    """``fill`` a new file (``mkstemp``: created, never opened through a link) beside
+    ``path``, then rename it to ``path``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fill(f)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as an ordinary new file
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

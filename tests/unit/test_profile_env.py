@@ -89,60 +89,267 @@ def bash(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 HOSTILE = [
     # names: only the NCCL knobs and OMP_NUM_THREADS
-    (env(**{"X;touch p": "1"}), "env key 'X;touch p' is not allowed"),
-    (env(**{"A=$(touch p)": "1"}), "env key 'A=$(touch p)' is not allowed"),
-    (env(**{"NCCL_ALGO\nX": "Ring"}), "env key 'NCCL_ALGO\\nX' is not allowed"),
-    (env(LD_PRELOAD="/tmp/evil.so"), "env key 'LD_PRELOAD' is not allowed"),
-    (env(PYTHONPATH="/tmp/evil"), "env key 'PYTHONPATH' is not allowed"),
-    (env(PATH="/tmp/evil:/usr/bin"), "env key 'PATH' is not allowed"),
-    (env(NCCL_SOCKET_IFNAME="eth0"), "env key 'NCCL_SOCKET_IFNAME' is not allowed"),
-    (lambda d: d["env"].update({1: "1"}), "env key 1 is not allowed"),
-    # values: each knob's own legality rule
-    (env(NCCL_ALGO="foo"), "env.NCCL_ALGO must be one of Ring, Tree"),
-    (env(NCCL_ALGO="Ring; touch p"), "env.NCCL_ALGO must be one of"),
-    (env(NCCL_ALGO="default"), "env.NCCL_ALGO must not be 'default'"),
-    (env(NCCL_PROTO="$(touch p)"), "env.NCCL_PROTO must be one of LL, LL128, Simple"),
-    (env(NCCL_BUFFSIZE="`touch p`"), "env.NCCL_BUFFSIZE must be an integer >= 1"),
-    (env(NCCL_BUFFSIZE="0"), "env.NCCL_BUFFSIZE must be an integer >= 1"),
-    (env(NCCL_BUFFSIZE="9" * 5000), "env.NCCL_BUFFSIZE must be an integer >= 1"),
-    (env(NCCL_NTHREADS="100"), "env.NCCL_NTHREADS must be one of 64, 128, 256, 512"),
-    (env(NCCL_MIN_CTAS="65"), "env.NCCL_MIN_CTAS must be an integer in [1, 64], got '65'"),
-    (env(NCCL_MIN_CTAS="8", NCCL_MAX_CTAS="2"), "NCCL_MIN_CTAS must be <= NCCL_MAX_CTAS"),
-    (env(NCCL_SOCKET_NTHREADS="16", NCCL_NSOCKS_PERTHREAD="8"), "must be <= 64, got 16 x 8"),
-    (env(OMP_NUM_THREADS="0"), "env.OMP_NUM_THREADS must be an integer >= 1, got '0'"),
-    (env(OMP_NUM_THREADS="1; rm -rf ~"), "env.OMP_NUM_THREADS must be an integer >= 1"),
-    (env(OMP_NUM_THREADS="$(touch p)"), "env.OMP_NUM_THREADS must be an integer >= 1"),
-    (env(OMP_NUM_THREADS="-1"), "env.OMP_NUM_THREADS must be an integer >= 1"),
-    (env(OMP_NUM_THREADS=" 2"), "env.OMP_NUM_THREADS must be an integer >= 1"),
-    (env(OMP_NUM_THREADS="1.5"), "env.OMP_NUM_THREADS must be an integer >= 1"),
-    (env(OMP_NUM_THREADS=2), "to strings (quote numbers), got OMP_NUM_THREADS: 2"),
-    (lambda d: d.update(env=["OMP_NUM_THREADS=1"]), "env must map variable names to strings"),
-    (lambda d: d.update(env=None), "env must map variable names to strings"),
-    # the values autotune computes with
-    (section("workload", world_size=None), "workload.world_size must be a whole number >= 1"),
-    (section("workload", world_size="2"), "workload.world_size must be a whole number >= 1"),
-    (section("workload", world_size=True), "workload.world_size must be a whole number >= 1"),
-    (section("workload", global_batch=0), "workload.global_batch must be a whole number >= 1"),
-    (section("workload", free_batch="yes"), "workload.free_batch must be true or false"),
-    (section("batch", micro_batch=-1), "batch.micro_batch must be a whole number >= 1, got -1"),
-    (section("batch", accumulation_steps=0), "batch.accumulation_steps must be a whole number"),
-    (section("batch", global_batch=64.0), "batch.global_batch must be a whole number >= 1"),
-    (section("ddp", bucket_cap_mb=math.inf), "ddp.bucket_cap_mb must be a positive finite"),
-    (section("ddp", bucket_cap_mb=math.nan), "ddp.bucket_cap_mb must be a positive finite"),
-    (section("ddp", bucket_cap_mb=-1.0), "ddp.bucket_cap_mb must be a positive finite"),
-    (section("ddp", bucket_cap_mb="25"), "ddp.bucket_cap_mb must be a positive finite"),
-    (section("ddp", gradient_as_bucket_view="yes"), "ddp.gradient_as_bucket_view must be true"),
-    (section("ddp", static_graph=1), "ddp.static_graph must be true or false, got 1"),
-    (section("data", num_workers=-1), "data.num_workers must be a whole number >= 0"),
-    (section("data", num_workers=1.0), "data.num_workers must be a whole number >= 0"),
-    (section("data", pin_memory="false"), "data.pin_memory must be true or false"),
-    (section("data", prefetch_factor=0), "data.prefetch_factor must be a whole number >= 1"),
-    (section("data", persistent_workers=None), "data.persistent_workers must be true or false"),
-    (
-        lambda d: d["ddp"].update(comm_hook={"name": "powersgd", "matrix_approximation_rank": 0}),
-        "ddp.comm_hook.matrix_approximation_rank must be a whole number >= 1",
+    pytest.param(env(**{"X;touch p": "1"}), "env key 'X;touch p' is not allowed", id="H-P01"),
+    pytest.param(env(**{"A=$(touch p)": "1"}), "env key 'A=$(touch p)' is not allowed", id="H-P02"),
+    pytest.param(
+        env(**{"NCCL_ALGO\nX": "Ring"}), "env key 'NCCL_ALGO\\nX' is not allowed", id="H-P03"
     ),
-    (lambda d: d.update(precision=None), "precision must be one of"),
+    pytest.param(env(LD_PRELOAD="/tmp/evil.so"), "env key 'LD_PRELOAD' is not allowed", id="H-P04"),
+    pytest.param(env(PYTHONPATH="/tmp/evil"), "env key 'PYTHONPATH' is not allowed", id="H-P05"),
+    pytest.param(env(PATH="/tmp/evil:/usr/bin"), "env key 'PATH' is not allowed", id="H-P06"),
+    pytest.param(
+        env(NCCL_SOCKET_IFNAME="eth0"), "env key 'NCCL_SOCKET_IFNAME' is not allowed", id="H-P07"
+    ),
+    pytest.param(lambda d: d["env"].update({1: "1"}), "env key 1 is not allowed", id="H-P08"),
+    # values: each knob's own legality rule
+    pytest.param(env(NCCL_ALGO="foo"), "env.NCCL_ALGO must be one of Ring, Tree", id="H-P09"),
+    pytest.param(env(NCCL_ALGO="Ring; touch p"), "env.NCCL_ALGO must be one of", id="H-P10"),
+    pytest.param(env(NCCL_ALGO="default"), "env.NCCL_ALGO must not be 'default'", id="H-P11"),
+    pytest.param(
+        env(NCCL_PROTO="$(touch p)"), "env.NCCL_PROTO must be one of LL, LL128, Simple", id="H-P12"
+    ),
+    pytest.param(
+        env(NCCL_BUFFSIZE="`touch p`"),
+        "env.NCCL_BUFFSIZE must be an integer in [1, 1073741824]",
+        id="H-P13",
+    ),
+    pytest.param(
+        env(NCCL_BUFFSIZE="0"),
+        "env.NCCL_BUFFSIZE must be an integer in [1, 1073741824]",
+        id="H-P14",
+    ),
+    pytest.param(
+        env(NCCL_BUFFSIZE="9" * 5000),
+        "env.NCCL_BUFFSIZE must be an integer in [1, 1073741824]",
+        id="H-P15",
+    ),
+    pytest.param(
+        env(NCCL_NTHREADS="100"), "env.NCCL_NTHREADS must be one of 64, 128, 256, 512", id="H-P16"
+    ),
+    pytest.param(
+        env(NCCL_MIN_CTAS="65"),
+        "env.NCCL_MIN_CTAS must be an integer in [1, 64], got '65'",
+        id="H-P17",
+    ),
+    pytest.param(
+        env(NCCL_MIN_CTAS="8", NCCL_MAX_CTAS="2"),
+        "NCCL_MIN_CTAS must be <= NCCL_MAX_CTAS",
+        id="H-P18",
+    ),
+    pytest.param(
+        env(NCCL_SOCKET_NTHREADS="16", NCCL_NSOCKS_PERTHREAD="8"),
+        "must be <= 64, got 16 x 8",
+        id="H-P19",
+    ),
+    pytest.param(
+        env(OMP_NUM_THREADS="0"),
+        "env.OMP_NUM_THREADS must be an integer in [1, 1024], got '0'",
+        id="H-P20",
+    ),
+    pytest.param(
+        env(OMP_NUM_THREADS="1; rm -rf ~"),
+        "env.OMP_NUM_THREADS must be an integer in [1, 1024]",
+        id="H-P21",
+    ),
+    pytest.param(
+        env(OMP_NUM_THREADS="$(touch p)"),
+        "env.OMP_NUM_THREADS must be an integer in [1, 1024]",
+        id="H-P22",
+    ),
+    pytest.param(
+        env(OMP_NUM_THREADS="-1"), "env.OMP_NUM_THREADS must be an integer in [1, 1024]", id="H-P23"
+    ),
+    pytest.param(
+        env(OMP_NUM_THREADS=" 2"), "env.OMP_NUM_THREADS must be an integer in [1, 1024]", id="H-P24"
+    ),
+    pytest.param(
+        env(OMP_NUM_THREADS="1.5"),
+        "env.OMP_NUM_THREADS must be an integer in [1, 1024]",
+        id="H-P25",
+    ),
+    pytest.param(
+        env(OMP_NUM_THREADS=2), "to strings (quote numbers), got OMP_NUM_THREADS: 2", id="H-P26"
+    ),
+    pytest.param(
+        lambda d: d.update(env=["OMP_NUM_THREADS=1"]),
+        "env must map variable names to strings",
+        id="H-P27",
+    ),
+    pytest.param(
+        lambda d: d.update(env=None), "env must map variable names to strings", id="H-P28"
+    ),
+    # the values autotune computes with
+    pytest.param(
+        section("workload", world_size=None),
+        "workload.world_size must be an integer in [1, 65536]",
+        id="H-P29",
+    ),
+    pytest.param(
+        section("workload", world_size="2"),
+        "workload.world_size must be an integer in [1, 65536]",
+        id="H-P30",
+    ),
+    pytest.param(
+        section("workload", world_size=True),
+        "workload.world_size must be an integer in [1, 65536]",
+        id="H-P31",
+    ),
+    pytest.param(
+        section("workload", global_batch=0),
+        "workload.global_batch must be an integer in [1, 1073741824]",
+        id="H-P32",
+    ),
+    pytest.param(
+        section("workload", free_batch="yes"),
+        "workload.free_batch must be true or false",
+        id="H-P33",
+    ),
+    pytest.param(
+        section("batch", micro_batch=-1),
+        "batch.micro_batch must be an integer in [1, 1048576], got -1",
+        id="H-P34",
+    ),
+    pytest.param(
+        section("batch", accumulation_steps=0),
+        "batch.accumulation_steps must be an integer in [1, 65536]",
+        id="H-P35",
+    ),
+    pytest.param(
+        section("batch", global_batch=64.0),
+        "batch.global_batch must be an integer in [1, 1073741824]",
+        id="H-P36",
+    ),
+    pytest.param(
+        section("ddp", bucket_cap_mb=math.inf),
+        "ddp.bucket_cap_mb must be a number above 0 and at most 4096",
+        id="H-P37",
+    ),
+    pytest.param(
+        section("ddp", bucket_cap_mb=math.nan),
+        "ddp.bucket_cap_mb must be a number above 0 and at most 4096",
+        id="H-P38",
+    ),
+    pytest.param(
+        section("ddp", bucket_cap_mb=-1.0),
+        "ddp.bucket_cap_mb must be a number above 0 and at most 4096",
+        id="H-P39",
+    ),
+    pytest.param(
+        section("ddp", bucket_cap_mb="25"),
+        "ddp.bucket_cap_mb must be a number above 0 and at most 4096",
+        id="H-P40",
+    ),
+    pytest.param(
+        section("ddp", gradient_as_bucket_view="yes"),
+        "ddp.gradient_as_bucket_view must be true",
+        id="H-P41",
+    ),
+    pytest.param(
+        section("ddp", static_graph=1), "ddp.static_graph must be true or false, got 1", id="H-P42"
+    ),
+    pytest.param(
+        section("data", num_workers=-1),
+        "data.num_workers must be an integer in [0, 256]",
+        id="H-P43",
+    ),
+    pytest.param(
+        section("data", num_workers=1.0),
+        "data.num_workers must be an integer in [0, 256]",
+        id="H-P44",
+    ),
+    pytest.param(
+        section("data", pin_memory="false"), "data.pin_memory must be true or false", id="H-P45"
+    ),
+    pytest.param(
+        section("data", prefetch_factor=0),
+        "data.prefetch_factor must be an integer in [1, 64]",
+        id="H-P46",
+    ),
+    pytest.param(
+        section("data", persistent_workers=None),
+        "data.persistent_workers must be true or false",
+        id="H-P47",
+    ),
+    pytest.param(
+        lambda d: d["ddp"].update(comm_hook={"name": "powersgd", "matrix_approximation_rank": 0}),
+        "ddp.comm_hook.matrix_approximation_rank must be an integer in [1, 1024]",
+        id="H-P48",
+    ),
+    pytest.param(lambda d: d.update(precision=None), "precision must be one of", id="H-P49"),
+    # absolute bounds: no single value exhausts the machine (autotune.core.bounds)
+    pytest.param(
+        section("data", num_workers=100000),
+        "data.num_workers must be an integer in [0, 256]",
+        id="H-P50",
+    ),
+    pytest.param(
+        env(OMP_NUM_THREADS="100000"),
+        "env.OMP_NUM_THREADS must be an integer in [1, 1024]",
+        id="H-P51",
+    ),
+    pytest.param(
+        section("data", prefetch_factor=10**9),
+        "data.prefetch_factor must be an integer in [1, 64]",
+        id="H-P52",
+    ),
+    pytest.param(
+        section("ddp", bucket_cap_mb=1e300),
+        "ddp.bucket_cap_mb must be a number above 0 and at",
+        id="H-P53",
+    ),
+    pytest.param(
+        lambda d: d["ddp"].update(
+            comm_hook={"name": "powersgd", "matrix_approximation_rank": 10**9}
+        ),
+        "ddp.comm_hook.matrix_approximation_rank must be an integer in [1, 1024]",
+        id="H-P54",
+    ),
+    pytest.param(
+        lambda d: d["ddp"].update(comm_hook={"name": "powersgd", "start_powerSGD_iter": 10**12}),
+        "ddp.comm_hook.start_powerSGD_iter must be an integer in [0, 1000000]",
+        id="H-P55",
+    ),
+    pytest.param(
+        env(NCCL_BUFFSIZE="9" * 18),
+        "env.NCCL_BUFFSIZE must be an integer in [1, 1073741824]",
+        id="H-P56",
+    ),
+    pytest.param(
+        env(NCCL_NSOCKS_PERTHREAD="100000"),
+        "env.NCCL_NSOCKS_PERTHREAD must be an integer in [1, 64]",
+        id="H-P57",
+    ),
+    pytest.param(
+        section("batch", micro_batch=2**40, global_batch=2**41),
+        "batch.micro_batch must be an integer",
+        id="H-P58",
+    ),
+    pytest.param(
+        section("workload", world_size=10**9),
+        "workload.world_size must be an integer in [1, 65536]",
+        id="H-P59",
+    ),
+    pytest.param(
+        section("ddp", find_unused_parameters=True),
+        "ddp: unknown key 'find_unused_parameters'",
+        id="H-P60",
+    ),
+    pytest.param(
+        lambda d: d["ddp"].update(comm_hook={"name": "fp16", "process_group": "x"}),
+        "ddp.comm_hook: unknown key 'process_group'",
+        id="H-P61",
+    ),
+    pytest.param(
+        env(**{"MALLOC_MMAP_THRESHOLD_": "99999999999"}),
+        "env.MALLOC_MMAP_THRESHOLD_ must be an",
+        id="H-P62",
+    ),
+    pytest.param(
+        env(GLOO_SOCKET_IFNAME="eth0"), "env key 'GLOO_SOCKET_IFNAME' is not allowed", id="H-P63"
+    ),
+    pytest.param(
+        env(NCCL_NET_PLUGIN="/tmp/evil.so"), "env key 'NCCL_NET_PLUGIN' is not allowed", id="H-P64"
+    ),
 ]
 
 
@@ -168,7 +375,7 @@ def test_the_messages_read_as_one_line_each(tmp_path):
             Profile.load(write(tmp_path / "p.yaml", edit))
         messages[name] = str(e.value).replace(str(tmp_path), "DIR")
     assert messages == {
-        "name": "profile DIR/p.yaml: env key 'LD_PRELOAD' is not allowed: a profile sets only "
+        "name": "profile DIR/p.yaml: env key 'LD_PRELOAD' is not allowed: a configuration sets only "
         "OMP_NUM_THREADS, NCCL_ALGO, NCCL_PROTO, NCCL_BUFFSIZE, NCCL_NTHREADS, NCCL_MIN_CTAS, "
         "NCCL_MAX_CTAS, NCCL_SOCKET_NTHREADS, NCCL_NSOCKS_PERTHREAD, MALLOC_MMAP_THRESHOLD_, "
         "MALLOC_TRIM_THRESHOLD_; correct it in the file or "
@@ -176,7 +383,7 @@ def test_the_messages_read_as_one_line_each(tmp_path):
         "value": "profile DIR/p.yaml: env.NCCL_ALGO must be one of Ring, Tree, CollnetDirect, "
         "CollnetChain, NVLS, NVLSTree, PAT, got 'foo'; correct it in the file or export the "
         "study again",
-        "type": "profile DIR/p.yaml: workload.world_size must be a whole number >= 1, got None; "
+        "type": "profile DIR/p.yaml: workload.world_size must be an integer in [1, 65536], got None; "
         "correct it in the file or export the study again",
     }
 

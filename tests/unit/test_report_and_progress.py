@@ -262,3 +262,34 @@ def test_a_failure_detail_with_brackets_is_printed_as_it_is():
     text = out.getvalue()
     assert detail in text and "comm_hook=[fp16]" in text
     assert view.counts["failed"] == 1
+
+
+def test_report_replaces_a_planted_link_instead_of_writing_through_it(tmp_path):
+    """H-W01: a link named report.html (or a PNG's
+    name) in the output directory, pointing at a file of the user's, is replaced by the report;
+    the file it pointed at is untouched."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.html").symlink_to(victim)
+    (out / "history.png").symlink_to(victim)
+    written = report.write(report.build(study_with(MANY, FAILURES)), out)
+    assert victim.read_text() == "keep me"
+    assert not (out / "report.html").is_symlink() and not (out / "history.png").is_symlink()
+    assert (out / "report.html").read_text().startswith("<!")
+    assert {p.name for p in written} >= {"report.html", "history.png"}
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_crafted_limit_record_is_a_section_that_says_it_could_not_be_read(tmp_path):
+    """H-W02: a study attribute ``limit`` whose probe lacks figures (the report raised a
+    KeyError) is left out with the reason; the rest of the page is written."""
+    study = study_with(MANY, FAILURES)
+    parts = dict.fromkeys(("data", "forward", "backward", "exposed_comm", "optimizer"), 0.1)
+    study.set_user_attr("limit", {"tuned": {"bounds": {"samples_per_s": "x"}, "breakdown": parts},
+                                  "cost_s": 1.0})  # fmt: skip
+    report.write(report.build(study), tmp_path)
+    page = (tmp_path / "report.html").read_text()
+    assert "limit record could not be read (tuned: samples_per_s" in page
+    assert "Speedup over the baseline, per trial" in page
