@@ -186,17 +186,22 @@ def write(report: Report, out_dir: Path) -> list[Path]:
     under that name (to a file of the user's elsewhere) is replaced, never written through."""
     import matplotlib.pyplot as plt
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    for fig in report.figures:
-        if fig.matplotlib is None:
-            continue
-        mfig = _mpl_figure(fig.matplotlib)
-        path = _write_new(out_dir / f"{fig.name}.png", lambda f, m=mfig: m.savefig(f, **_PNG))
-        plt.close(mfig)
-        written.append(path)
-    text = html_page(report).encode("utf-8")
-    page = _write_new(out_dir / "report.html", lambda f: f.write(text))
+    drawn = [
+        (fig.name, _mpl_figure(fig.matplotlib))
+        for fig in report.figures
+        if fig.matplotlib is not None
+    ]
+    try:
+        text = html_page(report).encode("utf-8")  # first: a study it cannot read writes nothing
+        out_dir.mkdir(parents=True, exist_ok=True)
+        written = [
+            _write_new(out_dir / f"{name}.png", lambda f, m=mfig: m.savefig(f, **_PNG))
+            for name, mfig in drawn
+        ]
+        page = _write_new(out_dir / "report.html", lambda f: f.write(text))
+    finally:
+        for _, mfig in drawn:
+            plt.close(mfig)
     return [page, *written]
 
 

@@ -293,3 +293,21 @@ def test_a_crafted_limit_record_is_a_section_that_says_it_could_not_be_read(tmp_
     page = (tmp_path / "report.html").read_text()
     assert "limit record could not be read (tuned: samples_per_s" in page
     assert "Speedup over the baseline, per trial" in page
+
+
+@pytest.mark.parametrize("crafted", ["x", {"bucket_cap_mb": 1}], ids=["H-W03", "H-W03b"])
+def test_autotune_report_of_a_crafted_screening_record_is_a_one_line_error(tmp_path, crafted):
+    """H-W03: a study attribute ``screening`` that is not autotune's: exit 2, one line naming
+    the record, nothing written."""
+    from tests.conftest import in_process
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    target = optuna.create_study(study_name="s", storage=url, direction="maximize")
+    target.set_user_attr(ATTR, {"workload": WORKLOAD, "hardware": HARDWARE})
+    target.add_trials(study_with(MANY).trials)
+    target.set_user_attr("screening", crafted)
+    out = in_process("report", "--study", "s", "--storage", url, "-o", str(tmp_path / "out"))
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("autotune: error: study record screening")
+    assert out.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()
