@@ -7,6 +7,8 @@ import contextlib
 import os
 from collections.abc import Iterator
 
+from autotune.core.logfile import Capper
+
 __all__ = ["output_to", "torchrun_env"]
 
 
@@ -14,10 +16,12 @@ __all__ = ["output_to", "torchrun_env"]
 def output_to(log_dir: str | None, rank: int) -> Iterator[None]:
     """This process's file descriptors 1 and 2, which its DataLoader workers inherit and NCCL
     writes to, into ``log_dir/rank-<rank>.log`` for the trial, and back afterwards. Where the
-    directory cannot be made (a rank on another node), the output stays where it was."""
+    directory cannot be made (a rank on another node), the output stays where it was. The log
+    is opened with ``O_APPEND`` and capped (``autotune.core.logfile``: checked once a second
+    while the trial runs, and when it ends)."""
     import sys
 
-    fd = None
+    fd, path = None, ""
     if log_dir:
         with contextlib.suppress(OSError):
             os.makedirs(log_dir, exist_ok=True)
@@ -32,6 +36,7 @@ def output_to(log_dir: str | None, rank: int) -> Iterator[None]:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    capper = Capper(path)
     try:
         yield
     finally:
@@ -41,6 +46,7 @@ def output_to(log_dir: str | None, rank: int) -> Iterator[None]:
         os.dup2(saved[1], 2)
         os.close(saved[0])
         os.close(saved[1])
+        capper.close()  # the last check, once this process no longer writes to the log
 
 
 def torchrun_env(

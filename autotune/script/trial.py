@@ -27,7 +27,14 @@ command in a session of its own, reads the reports as they come, and ends it thr
 guard once the trial is measured, fails, or runs out of time: no process of the script
 outlives its trial. A script that never reports a step within
 ``wrap_wait_s`` fails with a message naming the fix; one that exits first fails with its exit
-status and the last line it printed.
+status and the last line it printed (read from the end of its log, ``core.logfile``).
+
+The reports are the script's output, not autotune's: each line is checked as it is read
+(``script.report.Reports``), and a bad one - time stamps equal, backwards or not finite, a
+line that is not a report - fails the trial (``crash``) in one line naming the file, the line
+and what was wrong. A non-finite loss fails it as ``nan``, as for a built-in trial. The
+command's output goes to ``script.log``, opened with ``O_APPEND`` and capped at every poll and
+once at the end (``core.logfile``'s rule).
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from autotune.core import logfile
 from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.errors import FailureReason, TrialFailed
 from autotune.core.numerics import CURVE_STEPS
@@ -53,8 +61,9 @@ from autotune.core.rank_io import RankResult
 from autotune.core.stats import Interval
 from autotune.launch.results import TrialResult
 from autotune.script import guard as script_guard
+from autotune.script.report import BadReport, Reports
 
-__all__ = ["PROFILE_ENV", "REPORT_ENV", "StepStream", "loss_curve", "run_script"]
+__all__ = ["PROFILE_ENV", "REPORT_ENV", "Reports", "StepStream", "loss_curve", "run_script"]
 
 PROFILE_ENV = "AUTOTUNE_PROFILE"
 REPORT_ENV = "AUTOTUNE_REPORT_DIR"
@@ -66,8 +75,9 @@ POLL_S = 0.05
 @dataclass
 class StepStream:
     """Rank 0's step time stamps in, a measurement out (see the module doc). ``feed`` takes
-    the stamps seen so far (seconds, increasing) and returns True once the trial is measured:
-    ``windows`` (samples/s over all ranks), ``seconds`` and ``stop`` hold the result."""
+    the stamps seen so far (seconds, increasing as ``Reports`` checks them) and returns True
+    once the trial is measured: ``windows`` (samples/s over all ranks), ``seconds`` and
+    ``stop`` hold the result."""
 
     measure: MeasureSettings
     samples_per_step: float
@@ -96,6 +106,8 @@ class StepStream:
         while first + (len(self.windows) + 1) * n < len(stamps):
             k = first + len(self.windows) * n
             seconds = stamps[k + n] - stamps[k]
+            if not 0 < seconds < math.inf:  # what Reports refuses: never a division by 0
+                raise ValueError(f"steps {k} to {k + n} took {seconds} s: stamps must increase")
             self.seconds.append(seconds)
             self.windows.append(n * self.samples_per_step / seconds)
             if prune_rule.should_prune(self.windows, self.incumbent):
@@ -108,55 +120,15 @@ class StepStream:
         return False
 
 
-@dataclass
-class Reports:
-    """A rank's report file read as it grows: each ``read`` parses only the complete lines
-    written since the last one (a line being written waits for the next read)."""
-
-    path: Path
-    stamps: list[float] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)
-    peak_mb: float = 0.0
-    _offset: int = 0
-
-    def read(self) -> None:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return
-        end = chunk.rfind(b"\n") + 1  # up to the last complete line
-        self._offset += end
-        for line in chunk[:end].decode(errors="replace").splitlines():
-            kind, _, value = line.partition(" ")
-            try:
-                x = float(value)
-            except ValueError:
-                continue
-            if kind == "t":
-                self.stamps.append(x)
-            elif kind == "l":
-                self.losses.append(x)
-            elif kind == "m":
-                self.peak_mb = max(self.peak_mb, x)
-
-
-def _last_line(log: Path) -> str:
-    try:
-        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-    except FileNotFoundError:
-        return ""
-    return lines[-1].strip()[:300] if lines else ""
-
-
 def _end(proc: subprocess.Popen[bytes]) -> None:
     """End the command: SIGTERM to its guard, which ends every process the command started
-    (``autotune.script.guard``); SIGKILL to the group if the guard has not exited in time."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(proc.pid, signal.SIGTERM)
+    (``autotune.script.guard``); SIGKILL to the guard's group if it has not exited in time.
+    ``send_signal`` signals only a guard not yet reaped (``_watch``'s ``poll`` may have reaped
+    it, and its pid may be another process's by now); the group's id is the guard's pid, not
+    reaped either when the wait times out."""
+    proc.send_signal(signal.SIGTERM)
     try:
-        proc.wait(2 * script_guard.GRACE_S + 2)  # the guard's SIGTERM, then SIGKILL stage
+        proc.wait(script_guard.GRACE_S + script_guard.KILL_S + 2)  # its SIGTERM, SIGKILL stages
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -195,13 +167,15 @@ def run_script(
         log = Path(log_dir) / "script.log" if log_dir else work / "script.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         stream = StepStream(measure, config.micro_batch * world_size, incumbent)
-        with open(log, "wb") as out:
+        log.write_bytes(b"")
+        with open(log, "ab") as out:  # O_APPEND: the cap cuts the log in place (core.logfile)
             proc = _start(command, child_env, cwd, out)
             try:
                 rank0 = _watch(proc, stream, reports, log, started, timeout_s, wrap_wait_s,
                                max_memory_mb)  # fmt: skip
             finally:
                 _end(proc)
+                logfile.cap(log)
         peak_mb = _peak_of_ranks(reports, rank0, max_memory_mb)
         wall = time.monotonic() - started
         rank = _rank_result(stream, rank0, config, pid=proc.pid, wall_s=wall, peak_mb=peak_mb)
@@ -267,10 +241,10 @@ def _rank_result(
         steps_per_window=stream.steps_per_window,
         warmup_steps=first,
         stop=stream.stop,
-        setup_s=wall_s - window_s - (stamps[first] - stamps[0]),  # start-up, imports, data
+        setup_s=max(0.0, wall_s - window_s - (stamps[first] - stamps[0])),  # imports, data
         warmup_s=stamps[first] - stamps[0],
         measure_s=window_s,
-        loss=statistics.fmean(losses[-n:]) if losses else math.nan,
+        loss=_mean(losses[-n:]) if losses else math.nan,
         loss_curve=loss_curve(losses, len(stamps), config.accumulation_steps),
         peak_memory_mb=peak_mb,
     )
@@ -290,11 +264,13 @@ def _peak_of_ranks(reports: Path, rank0: Reports, max_memory_mb: float | None) -
     read once now); over ``max_memory_mb`` it fails the trial."""
     peak = rank0.peak_mb
     for path in sorted(reports.glob("rank-*.steps")):
-        if path.name == "rank-0.steps":
+        rank = path.stem.removeprefix("rank-")
+        if not rank.isdigit() or rank == "0":  # not a rank's report, or rank 0's (read)
             continue
         other = Reports(path)
-        other.read()
-        _check_memory(int(path.stem.removeprefix("rank-")), other.peak_mb, max_memory_mb)
+        while _read(other):
+            pass
+        _check_memory(int(rank), other.peak_mb, max_memory_mb)
         peak = max(peak, other.peak_mb)
     return peak
 
@@ -308,7 +284,13 @@ def loss_curve(losses: Sequence[float], forwards: int, accumulation_steps: int) 
     if a == 1 or len(losses) < 0.75 * forwards:  # one loss per step (or no accumulation)
         return [float(x) for x in losses[:CURVE_STEPS]]
     steps = min(len(losses) // a, CURVE_STEPS)
-    return [statistics.fmean(losses[k * a : (k + 1) * a]) for k in range(steps)]
+    return [_mean(losses[k * a : (k + 1) * a]) for k in range(steps)]
+
+
+def _mean(xs: Sequence[float]) -> float:
+    """The mean of reported losses: NaN or infinite where they are (``statistics.fmean``
+    raises on an infinity of each sign, or on finite values whose sum overflows)."""
+    return sum(xs) / len(xs)
 
 
 def _watch(
@@ -322,21 +304,22 @@ def _watch(
     max_memory_mb: float | None = None,
 ) -> Reports:
     """Poll rank 0's reports until ``stream`` is measured; raise ``TrialFailed`` when the
-    command exits first, reports nothing in ``wrap_wait_s``, runs past ``timeout_s``, or
-    reports a peak memory over ``max_memory_mb``."""
+    command exits first, reports nothing in ``wrap_wait_s``, runs past ``timeout_s``, reports
+    a peak memory over ``max_memory_mb``, a non-finite loss or a bad report line
+    (``script.report``). The log is capped at every poll (``core.logfile``)."""
     rank0 = Reports(reports / "rank-0.steps")
-    stamps, losses = rank0.stamps, rank0.losses
+    stamps = rank0.stamps
     while True:
-        rank0.read()
+        _read(rank0)
         _check_memory(0, rank0.peak_mb, max_memory_mb)
-        if stream.feed(stamps):
-            if losses and not all(math.isfinite(x) for x in losses[-8:]):
-                raise TrialFailed(FailureReason.NAN, f"the script reported loss {losses[-1]}")
+        measured = stream.feed(stamps)
+        _check_losses(stream, rank0.losses, len(stamps), measured)
+        if measured:
             return rank0
         code = proc.poll()
         elapsed = time.monotonic() - started
         if code is not None:
-            said = _last_line(log)
+            said = logfile.last_line(log, ignore=(script_guard.SAYS,))
             raise TrialFailed(
                 FailureReason.CRASH,
                 f"the command exited with status {code} before it was measured"
@@ -353,4 +336,31 @@ def _watch(
             raise TrialFailed(
                 FailureReason.TIMEOUT, f"not measured after {timeout_s:.0f}s ({len(stamps)} steps)"
             )
+        logfile.cap(log)
         time.sleep(POLL_S)
+
+
+def _read(reports: Reports) -> bool:
+    """``reports.read()``, a bad line failing the trial (``crash``) in one line."""
+    try:
+        return reports.read()
+    except BadReport as e:
+        raise TrialFailed(FailureReason.CRASH, str(e)) from None
+
+
+def _check_losses(stream: StepStream, losses: list[float], steps: int, measured: bool) -> None:
+    """A non-finite loss fails the trial (``nan``) as it does a built-in one's: the last
+    loss after the first ``min_warmup_steps`` steps, and the mean over the measured steps."""
+    if not losses:
+        return
+    if measured:
+        n = stream.steps_per_window * len(stream.windows)
+        loss = _mean(losses[-n:])
+        if not math.isfinite(loss):
+            raise TrialFailed(
+                FailureReason.NAN, f"the script reported loss {loss} over its measured steps"
+            )
+    elif steps >= stream.measure.min_warmup_steps and not math.isfinite(losses[-1]):
+        raise TrialFailed(
+            FailureReason.NAN, f"the script reported loss {losses[-1]} after {steps} steps"
+        )

@@ -102,7 +102,9 @@ def test_a_script_that_never_wraps_its_model_fails_with_the_fix(tmp_path):
                    timeout_s=120, wrap_wait_s=4, log_dir=tmp_path)  # fmt: skip
     assert time.monotonic() - started < 30
     assert "Profile.load().wrap(model)" in e.value.detail
-    assert (tmp_path / "script.log").read_text().startswith("training without wrap")
+    said, printed = (tmp_path / "script.log").read_text().splitlines()
+    assert said.startswith("autotune guard: containing the command ")  # which containment
+    assert printed == "training without wrap"
 
 
 def test_a_crashing_script_fails_with_its_status_and_last_line(tmp_path):
@@ -311,3 +313,105 @@ def test_a_script_over_max_memory_fails_its_trial_as_oom(tmp_path):
                    cwd=tmp_path, max_memory_mb=50)  # fmt: skip
     assert e.value.reason == FailureReason.OOM
     assert re.search(r"rank 0: peak memory \d+ MiB is over --max-memory 50 MiB", e.value.detail)
+
+
+#: A script that reports what the test wrote in ``report.txt`` as its rank 0's steps, then
+#: waits to be ended.
+REPORTER = """
+import os, shutil, time
+shutil.copy("report.txt", os.path.join(os.environ["AUTOTUNE_REPORT_DIR"], "rank-0.steps"))
+time.sleep(60)
+"""
+
+
+def steps(n: int, loss: str | None = None) -> str:
+    """``n`` report lines of steps 10 ms apart, each with ``loss`` when given."""
+    return "".join(f"t {100 + k / 100}\n" + (f"l {loss}\n" if loss else "") for k in range(n))
+
+
+@pytest.mark.parametrize(
+    ("report", "reason", "says"),
+    [
+        pytest.param("t 5.0\n" * 300, FailureReason.CRASH,
+                     "step report rank-0.steps line 2: time stamp 5.0 is not after the one "
+                     "before (5.0)", id="H-S18-equal-stamps"),
+        pytest.param("".join(f"t {500 - k / 100}\n" for k in range(300)), FailureReason.CRASH,
+                     "step report rank-0.steps line 2: time stamp 499.99 is not after",
+                     id="H-S18-backwards-stamps"),
+        pytest.param("t 1.0\nt nan\n", FailureReason.CRASH,
+                     "step report rank-0.steps line 2: time stamp nan", id="H-S18-nan-stamp"),
+        pytest.param(steps(400, "1e308"), FailureReason.NAN,
+                     "the script reported loss inf over its measured steps",
+                     id="H-S18-losses-whose-mean-overflows"),
+        pytest.param("t 1.0\nl inf\nt 1.5\nl -inf\n", FailureReason.NAN,
+                     "the script reported loss -inf after 2 steps", id="H-S18-infinite-losses"),
+    ],
+)  # fmt: skip
+def test_a_script_with_bad_step_reports_fails_in_one_line(tmp_path, report, reason, says):
+    (tmp_path / "report.txt").write_text(report)
+    (tmp_path / "reporter.py").write_text(REPORTER)
+    with pytest.raises(TrialFailed) as e:
+        run_script([sys.executable, "reporter.py"], config(), world_size=2,
+                   measure=SCRIPT_MEASURE, timeout_s=20, cwd=tmp_path)  # fmt: skip
+    assert e.value.reason == reason and e.value.detail.startswith(says), e.value.detail
+    assert "\n" not in e.value.detail
+
+
+FLOOD = """
+import sys
+sys.stdout.write("FIRST LINE\\n")
+block = "".join("%09d\\n" % k for k in range(6500))
+for k in range(500):  # 32 MB
+    sys.stdout.write(block)
+sys.stdout.write("out of data: shard 3 is empty\\n")
+sys.exit(3)
+"""
+
+
+def test_a_script_printing_past_the_cap_leaves_a_capped_log_and_its_last_line(
+    tmp_path, monkeypatch
+):
+    """H-S07: a script trial's log (``script.log``) under the cap's rule (here 1 MiB), its
+    head and tail kept: the failure still names the script's last line."""
+    from autotune.core import logfile
+
+    monkeypatch.setattr(logfile, "LIMIT", logfile.Limit(1 << 20, 64 << 10, 64 << 10))
+    (tmp_path / "flood.py").write_text(FLOOD)
+    with pytest.raises(TrialFailed) as e:
+        run_script([sys.executable, "flood.py"], config(), world_size=2, measure=SCRIPT_MEASURE,
+                   timeout_s=60, cwd=tmp_path, log_dir=tmp_path)  # fmt: skip
+    assert "status 3" in e.value.detail
+    assert e.value.detail.endswith(": out of data: shard 3 is empty")
+    log = (tmp_path / "script.log").read_bytes()
+    assert len(log) <= 1 << 20 and b" bytes cut here]\n" in log
+    assert log.startswith(b"autotune guard: containing the command ")  # the guard's line
+    assert b"\nFIRST LINE\n" in log[:200] and log.endswith(b"shard 3 is empty\n")
+
+
+BIG_LOG = """
+import os, sys
+if sys.argv[1:] == ["big"]:
+    os.ftruncate(1, 60 << 20)  # 60 MiB of output (a sparse file here), under the cap
+os.write(1, b"\\nthe last words\\n")
+raise SystemExit(1)
+"""
+
+
+def test_a_crashed_script_s_last_line_is_read_from_the_end_of_its_log(tmp_path):
+    """H-S09: the failure's last output line, from a log of 60 MiB: the driver reads its end,
+    not the file. (``rchar`` of ``/proc/self/io`` also counts what the reaped guard read: the
+    same script with a small log is the measure.)"""
+    (tmp_path / "big.py").write_text(BIG_LOG)
+    io = Path("/proc/self/io")
+    read = []
+    for size in ("small", "big"):
+        before = int(io.read_text().split("rchar:")[1].split()[0])
+        with pytest.raises(TrialFailed) as e:
+            run_script([sys.executable, "big.py", size], config(), world_size=2,
+                       measure=SCRIPT_MEASURE, timeout_s=60, cwd=tmp_path,
+                       log_dir=tmp_path)  # fmt: skip
+        read.append(int(io.read_text().split("rchar:")[1].split()[0]) - before)
+        assert e.value.detail.endswith("status 1 before it was measured (no step reported): "
+                                       "the last words")  # fmt: skip
+    assert (tmp_path / "script.log").stat().st_size > 60 << 20
+    assert read[1] - read[0] < 4 << 20, read  # the log is 60 MiB

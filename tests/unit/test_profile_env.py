@@ -375,7 +375,8 @@ def test_the_messages_read_as_one_line_each(tmp_path):
             Profile.load(write(tmp_path / "p.yaml", edit))
         messages[name] = str(e.value).replace(str(tmp_path), "DIR")
     assert messages == {
-        "name": "profile DIR/p.yaml: env key 'LD_PRELOAD' is not allowed: a configuration sets only "
+        "name": "profile DIR/p.yaml: env key 'LD_PRELOAD' is not allowed: a configuration sets "
+        "only "
         "OMP_NUM_THREADS, NCCL_ALGO, NCCL_PROTO, NCCL_BUFFSIZE, NCCL_NTHREADS, NCCL_MIN_CTAS, "
         "NCCL_MAX_CTAS, NCCL_SOCKET_NTHREADS, NCCL_NSOCKS_PERTHREAD, MALLOC_MMAP_THRESHOLD_, "
         "MALLOC_TRIM_THRESHOLD_; correct it in the file or "
@@ -383,8 +384,8 @@ def test_the_messages_read_as_one_line_each(tmp_path):
         "value": "profile DIR/p.yaml: env.NCCL_ALGO must be one of Ring, Tree, CollnetDirect, "
         "CollnetChain, NVLS, NVLSTree, PAT, got 'foo'; correct it in the file or export the "
         "study again",
-        "type": "profile DIR/p.yaml: workload.world_size must be an integer in [1, 65536], got None; "
-        "correct it in the file or export the study again",
+        "type": "profile DIR/p.yaml: workload.world_size must be an integer in [1, 65536], got "
+        "None; correct it in the file or export the study again",
     }
 
 

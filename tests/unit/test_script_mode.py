@@ -4,6 +4,7 @@ and the checks of ``autotune run ... -- CMD`` before anything starts (``script_j
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 
 import pytest
@@ -14,6 +15,7 @@ from autotune.core.numerics import CURVE_STEPS
 from autotune.core.stats import Interval
 from autotune.definition.studydef import StudyDefinition
 from autotune.script.job import script_job
+from autotune.script.report import BadReport
 from autotune.script.trial import Reports, StepStream, loss_curve
 
 M = MeasureSettings(window_s=1.0, min_windows=3, max_windows=6)
@@ -139,3 +141,142 @@ def test_the_world_size_comes_from_torchrun_and_script_mode_has_no_limit_probe()
 def test_script_mode_refuses_what_it_cannot_run_with_the_fix(cmd, settings, says):
     with pytest.raises(ConfigError, match=says):
         script_job(definition(cmd, **settings))
+
+
+# --- hostile step reports: each bad line fails the trial in one line naming it -------------
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        pytest.param("t 5.0\nt 5.0\n", "line 2: time stamp 5.0 is not after the one before",
+                     id="H-S10-equal-stamps"),
+        pytest.param("t 5.0\nl 0.1\nt 4.0\n", "line 3: time stamp 4.0 is not after",
+                     id="H-S10-backwards-stamps"),
+        pytest.param("t 5.0\nt 5.00000000001\n", "line 2: time stamp 5.00000000001 is not after",
+                     id="H-S10-stamps-closer-than-a-step"),
+        pytest.param("t nan\n", "line 1: time stamp nan is not a number of seconds",
+                     id="H-S11-nan-stamp"),
+        pytest.param("t 1.0\nt inf\n", "line 2: time stamp inf", id="H-S11-infinite-stamp"),
+        pytest.param("t -3.0\n", "time stamp -3.0 is not", id="H-S11-negative-stamp"),
+        pytest.param("t 1.0\nt 1e300\n", "time stamp 1e+300 is not", id="H-S11-huge-stamp"),
+        pytest.param("t 1.0\nstep 2\n", "line 2: 'step 2' is not 't|l|m NUMBER'",
+                     id="H-S12-unknown-line"),
+        pytest.param("t 1.0\nt one\n", "line 2: 't one' is not", id="H-S12-not-a-number"),
+        pytest.param("t 1.0\n\n", "line 2: '' is not", id="H-S12-blank-line"),
+        pytest.param("l " + "1" * 100 + "\n", "line 1: a line longer than 64 bytes",
+                     id="H-S12-long-line"),
+        pytest.param("t 1.0\n" + "7" * 5000, "line 2: a line longer than 64 bytes",
+                     id="H-S12-endless-line"),
+        pytest.param("m nan\n", "line 1: peak memory nan MiB is not", id="H-S13-nan-memory"),
+        pytest.param("m -5\n", "peak memory -5.0 MiB is not", id="H-S13-negative-memory"),
+        pytest.param("m inf\n", "peak memory inf MiB is not", id="H-S13-infinite-memory"),
+    ],
+)  # fmt: skip
+def test_a_bad_step_report_line_is_refused_naming_the_file_and_the_line(tmp_path, text, says):
+    f = tmp_path / "rank-0.steps"
+    f.write_text(text)
+    with pytest.raises(BadReport) as e:
+        Reports(f).read()
+    assert str(e.value).startswith("step report rank-0.steps line ") and says in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_a_report_is_read_a_bounded_chunk_at_a_time_and_its_lines_are_counted(
+    tmp_path, monkeypatch
+):
+    """H-S14: a report of endless lines: each read takes at most ``READ_BYTES``; past
+    ``MAX_LINES`` lines the report is refused."""
+    from autotune.script import report
+
+    f = tmp_path / "rank-0.steps"
+    f.write_text("".join(f"t {100 + k / 10}\n" for k in range(50)))
+    monkeypatch.setattr(report, "READ_BYTES", 64)
+    r = Reports(f)
+    assert r.read() and 0 < len(r.stamps) < 50  # more to read at once
+    while r.read():
+        pass
+    assert len(r.stamps) == 50
+    monkeypatch.setattr(report, "MAX_LINES", 20)
+    r = Reports(f)
+    with pytest.raises(BadReport, match="line 21: more than 20 lines"):
+        while r.read():
+            pass
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_report_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path, kind):
+    """H-S14: a script that makes its report a FIFO (an open for reading would wait for a
+    writer for ever) or a directory."""
+    f = tmp_path / "rank-0.steps"
+    os.mkfifo(f) if kind == "fifo" else f.mkdir()
+    with pytest.raises(BadReport, match="step report rank-0.steps is not a regular file"):
+        Reports(f).read()
+
+
+def test_losses_of_both_infinities_or_too_large_to_add_make_a_nan_loss_not_an_error():
+    """H-S15: ``statistics.fmean`` raises on +inf and -inf together, and on finite values
+    whose sum overflows; the loss curve and the loss are then NaN or infinite, which fails
+    the trial as ``nan``."""
+    import math
+
+    assert all(math.isnan(x) for x in loss_curve([math.inf, -math.inf] * 8, 16, 2))
+    assert loss_curve([1e308] * 8, 8, 2) == [math.inf] * 4
+
+
+def test_a_reaped_guard_is_not_signalled(monkeypatch):
+    """H-S16: once ``poll`` has reaped the guard's front, its pid may be another process's
+    (PIDs are reused quickly): ending the trial signals nothing by that pid."""
+    import subprocess
+
+    from autotune.script import trial
+
+    proc = subprocess.Popen(["true"])
+    while proc.poll() is None:  # reaped, as the watch loop's poll reaps it
+        pass
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    monkeypatch.setattr(os, "killpg", lambda pid, sig: sent.append((-pid, sig)))
+    trial._end(proc)
+    assert sent == []
+
+
+def test_the_guard_front_tells_a_reaped_keeper_nothing(monkeypatch):
+    """H-S17: the front passes SIGTERM on to its keeper through a pidfd taken while the keeper
+    could not have been reaped: once it is, the signal goes nowhere (never by pid)."""
+    from autotune.script import guard
+
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    pidfd = os.pidfd_open(child)
+    os.waitpid(child, 0)  # reaped: the number is free for any new process
+    sent: list[int] = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append(pid))
+    try:
+        assert guard._tell(pidfd, child) is True
+    finally:
+        os.close(pidfd)
+    assert sent == []
+
+
+def test_the_cgroup2_mount_and_the_group_are_found_in_mountinfo():
+    from autotune.script import guard
+
+    hybrid = ["41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw",
+              "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory"]  # fmt: skip
+    pure = ["30 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate"]
+    bound = ["30 23 0:26 /user.slice /mnt/my\\040cg rw - cgroup2 cgroup2 rw"]
+    exists = {"/sys/fs/cgroup/unified", "/sys/fs/cgroup/a.slice/b.scope", "/mnt/my cg/x"}
+
+    def where(own: str, mounts: list[str]) -> str | None:
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(guard.Path, "exists", lambda p: str(p.parent) in exists)
+            found = guard._group_dir(own, mounts)
+        return None if found is None else str(found)
+
+    assert where("/", hybrid) == "/sys/fs/cgroup/unified"
+    assert where("/a.slice/b.scope", pure) == "/sys/fs/cgroup/a.slice/b.scope"
+    assert where("/user.slice/x", bound) == "/mnt/my cg/x"
+    assert where("/other.slice/x", bound) is None  # outside the mount's root
+    assert where("/", hybrid[1:]) is None  # cgroup v1 only

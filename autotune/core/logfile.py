@@ -1,0 +1,152 @@
+"""Logs that stay bounded and are read from their end.
+
+A trial's output (a rank's ``rank-N.log``, a script trial's ``script.log``) is written by
+code autotune does not control, which may print without end. Two rules hold for every log
+autotune keeps:
+
+* **Read from the end.** ``tail`` and ``last_line`` seek to the end of a file and read at
+  most a bounded number of bytes (``TAIL_READ`` for the last line), whatever its size.
+* **The cap.** A log over ``LIMIT.max_bytes`` (64 MiB) is cut to its first
+  ``LIMIT.head_bytes`` (8 MiB), a line ``[autotune: N bytes cut here]`` (N: every byte of the
+  output cut so far, earlier cuts included), and its last ``LIMIT.tail_bytes`` (8 MiB), in
+  place (``cap``). The one who writes a log also checks it while the trial runs - a script
+  trial's watch loop at every poll, a rank's ``output_to`` once a second (``Capper``) - and
+  once more when the trial ends, so a log left behind is at most about 16 MiB; while the
+  trial runs it may go over the cap by what is written between two checks. The writers open
+  a log with ``O_APPEND``, so what they write after a cut goes to the new end; output
+  written in the instant of a cut (between its last look at the size and its truncation)
+  can be lost.
+
+Only the standard library is imported (a rank imports this).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import stat
+import threading
+from dataclasses import dataclass
+
+__all__ = ["LIMIT", "TAIL_READ", "Capper", "Limit", "cap", "last_line", "tail"]
+
+#: The most bytes ``last_line`` reads.
+TAIL_READ = 64 * 1024
+#: Bytes moved at a time by a cut.
+_CHUNK = 1 << 20
+_MARKER = re.compile(rb"\n\[autotune: (\d+) bytes cut here\]\n")
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The cap's rule (see the module doc): over ``max_bytes``, keep the first
+    ``head_bytes`` and the last ``tail_bytes``."""
+
+    max_bytes: int
+    head_bytes: int
+    tail_bytes: int
+
+    def __post_init__(self) -> None:
+        if self.head_bytes < 0 or self.tail_bytes < 0:
+            raise ValueError(f"{self}: head and tail must not be negative")
+        if self.max_bytes < self.head_bytes + self.tail_bytes + 4096:
+            raise ValueError(f"{self}: max_bytes must exceed head + tail by 4096 at least")
+
+
+LIMIT = Limit(max_bytes=64 << 20, head_bytes=8 << 20, tail_bytes=8 << 20)
+
+
+def tail(path: str | os.PathLike[str], n_bytes: int) -> bytes:
+    """The last ``n_bytes`` of ``path`` (all of it when smaller; empty when it is missing),
+    read without reading the rest."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(0, size - n_bytes))
+            return f.read(n_bytes)
+    except (FileNotFoundError, IsADirectoryError):
+        return b""
+
+
+def last_line(
+    path: str | os.PathLike[str],
+    *,
+    ignore: tuple[str, ...] = (),
+    n_bytes: int = TAIL_READ,
+    max_chars: int = 300,
+) -> str:
+    """The last non-blank line of ``path`` that starts with none of ``ignore`` (stripped, at
+    most ``max_chars``), from its last ``n_bytes`` only; "" when there is none."""
+    text = tail(path, n_bytes).decode(errors="replace")
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line and not line.startswith(ignore):
+            return line[:max_chars]
+    return ""
+
+
+def cap(path: str | os.PathLike[str], limit: Limit | None = None) -> int:
+    """Cut ``path`` by the rule (``limit``, else ``LIMIT``) when it is over the cap; the bytes
+    this cut took out (0: none). A missing file, or one that is not a regular file (a link
+    is not followed), is left alone."""
+    lim = limit or LIMIT
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size <= lim.max_bytes:
+            return 0
+        return _cut(fd, info.st_size, lim)
+    finally:
+        os.close(fd)
+
+
+def _cut(fd: int, size: int, lim: Limit) -> int:
+    """Move the last ``tail_bytes`` (and anything written meanwhile) to just after the first
+    ``head_bytes`` and a marker line, then truncate; the bytes cut."""
+    src = size - lim.tail_bytes
+    old = _MARKER.match(os.pread(fd, 64, lim.head_bytes))  # an earlier cut's marker
+    earlier, old_len = (int(old.group(1)), len(old.group(0))) if old else (0, 0)
+    cut = src - lim.head_bytes
+    marker = f"\n[autotune: {earlier + cut - old_len} bytes cut here]\n".encode()
+    os.pwrite(fd, marker, lim.head_bytes)
+    dst = lim.head_bytes + len(marker)
+    while True:
+        end = os.fstat(fd).st_size
+        while src < end:
+            chunk = os.pread(fd, min(_CHUNK, end - src), src)
+            if not chunk:
+                break
+            os.pwrite(fd, chunk, dst)
+            src += len(chunk)
+            dst += len(chunk)
+        if os.fstat(fd).st_size <= end:  # nothing written since: cut here
+            break
+    os.ftruncate(fd, dst)
+    return cut
+
+
+class Capper:
+    """``cap`` on ``path`` every ``every_s`` seconds in a daemon thread, and once more at
+    ``close``: for a log whose writer has no loop of its own (a rank's output)."""
+
+    def __init__(self, path: str | os.PathLike[str], every_s: float = 1.0) -> None:
+        self.path = path
+        self.every_s = every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="autotune-log-cap", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            with contextlib.suppress(OSError):
+                cap(self.path)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        with contextlib.suppress(OSError):
+            cap(self.path)
