@@ -7,11 +7,19 @@ ranks sit on its nodes.
   answers there. A local instance's node IP is 127.0.0.1: all its servers listen on loopback
   only (``core.compat.loopback_node_ip``), and so do the ranks' rendezvous and gloo (``pool``). A
   cluster's nodes keep the address they were started with.
-* A local instance leaves no process behind. Every process it starts carries
-  ``OWNER_ENV`` (a value unique to this run) in its environment; ``close`` (and a Ctrl-C or
-  SIGTERM that interrupts ``ray.init``) shuts Ray down, then ends whatever still carries the
-  value (``_reap``). Interrupting ``ray.init`` used to leave the raylet's DashboardAgent and
-  RuntimeEnvAgent running, orphaned, ignoring SIGTERM (2.5 s and 4 s into ``autotune run``).
+* A local instance is this user's alone. It runs with token authentication, its token fresh
+  (``secrets``) and only in the environment of the driver and of the processes the instance
+  starts (``RAY_AUTH_TOKEN``; nothing is written to ``~/.ray``), and keeps its sockets, logs
+  and session files in a temp dir of its own, mode 0700 (``RAY_TMPDIR``), not in the shared
+  ``/tmp/ray``. ``close`` removes that dir and restores the environment.
+* A local instance leaves no process behind, and ``close`` ends nothing else: the processes
+  this run started (``launch.reaper``: this user's, descended from the driver, which is their
+  child subreaper, and marked with ``OWNER_ENV``, a value unique to the run, or recorded with
+  their start time), never a process found by a path or a name. ``close`` (and a Ctrl-C or
+  SIGTERM that interrupts ``ray.init``) shuts Ray down, then kills those left. Interrupting
+  ``ray.init`` used to leave the raylet's DashboardAgent and RuntimeEnvAgent running,
+  orphaned, ignoring SIGTERM (2.5 s and 4 s into ``autotune run``). A Ray that the caller
+  initialised (library use) is left as found.
 * ``plan_ranks`` reads the alive nodes' resources and says how many CPUs each rank's bundle
   reserves and how many trials fit at once (``rank_plan`` is the same over given resources:
   pure, unit-tested on many cluster shapes).
@@ -20,120 +28,92 @@ ranks sit on its nodes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import logging
 import math
 import os
-import re
+import secrets
+import shutil
 import signal
 import socket
-import time
+import tempfile
 import uuid
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from autotune.core.compat import bootstrap_address, loopback_node_ip
 from autotune.core.errors import ConfigError, Terminated
+from autotune.launch.reaper import OWNER_ENV, Reaper
 
 __all__ = ["RankPlan", "RayConnection", "connect", "plan_ranks", "rank_plan"]
 
 #: Seconds to wait for a TCP answer from a given cluster address before giving up.
 REACH_TIMEOUT_S = 5.0
-#: The environment variable that marks the processes of a local instance started here.
-OWNER_ENV = "AUTOTUNE_RAY_OWNER"
-#: Seconds the marked processes get to end by themselves after ``ray.shutdown``.
-REAP_GRACE_S = 1.5
+#: Where Ray puts a local instance's sockets below its temp dir (a PID at its longest); a Unix
+#: socket's path holds 107 bytes at most.
+_SOCKET_TAIL = "/ray/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store"
+_UNIX_PATH_MAX = 107
+_TEMP_PREFIX = "autotune-ray-"
+#: The variables a local instance started here runs with; restored when it closes.
+_PRIVATE_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_TMPDIR")
 
 
-#: A Ray session directory inside a path: ``.../session_2026-11-25_06-45-09_749085_17907``.
-_SESSION = re.compile(r"(/\S*?/session_(?!latest)[^/\s]+)")
+@functools.cache
+def _token() -> str:
+    """The local instances' token: one per process (Ray's driver reads its token once)."""
+    return secrets.token_hex(32)
 
 
-def _processes(proc: Path) -> Iterator[tuple[int, Path]]:
-    me = os.getpid()
-    for entry in proc.glob("[0-9]*"):
-        if entry.name.isdigit() and int(entry.name) != me:
-            yield int(entry.name), entry
+def _temp_parent() -> str:
+    """Where a local instance's temp dir goes: ``RAY_TMPDIR`` or the system's temp dir, or
+    /tmp where the sockets' paths below it would be too long."""
+    parent = os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()
+    room = _UNIX_PATH_MAX - len(_SOCKET_TAIL) - len(_TEMP_PREFIX) - len("/12345678")
+    return parent if len(parent) <= room else "/tmp"
 
 
-def _cmdline(entry: Path) -> list[str]:
-    return (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+@dataclass
+class _Private:
+    """A local instance's own token and temp dir (mode 0700, this user's), set in the
+    environment while it runs, and the environment as it was before."""
+
+    temp_dir: str
+    before: dict[str, str | None]
+
+    @classmethod
+    def enter(cls) -> _Private:
+        before = {k: os.environ.get(k) for k in _PRIVATE_VARS}
+        temp_dir = tempfile.mkdtemp(prefix=_TEMP_PREFIX, dir=_temp_parent())
+        # Ray turns token authentication on for a new local instance, its driver included,
+        # where RAY_AUTH_MODE is unset; RAY_AUTH_TOKEN wins over any token file, and no token
+        # is written to ~/.ray.
+        for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH"):
+            os.environ.pop(k, None)
+        os.environ.update(RAY_AUTH_TOKEN=_token(), RAY_TMPDIR=temp_dir)
+        return cls(temp_dir, before)
+
+    def leave(self) -> None:
+        for k, v in self.before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
-def _open_files(entry: Path) -> list[str]:
-    """The targets of one process's open files (none of another user's process)."""
-    out = []
-    with contextlib.suppress(OSError):
-        for fd in (entry / "fd").iterdir():
-            with contextlib.suppress(OSError):
-                out.append(os.readlink(fd))
-    return out
-
-
-def session_dirs(pids: list[int], proc: Path = Path("/proc")) -> set[str]:
-    """The Ray session directories these processes name on their command line or hold files
-    in (the GCS and the raylet name theirs)."""
-    found: set[str] = set()
-    for pid in pids:
-        entry = proc / str(pid)
-        with contextlib.suppress(OSError):
-            for path in _cmdline(entry) + _open_files(entry):
-                found.update(m.group(1) for m in _SESSION.finditer(path))
-    return found
-
-
-def _ray_inside(entry: Path, sessions: Collection[str]) -> bool:
-    """A process of Ray's own (``ray::...``, or a program of the ``ray`` package) that names
-    or holds a path in one of ``sessions``; a user's ``tail -f`` on a session log is not.
-    Its open files are read only once its command line shows it is Ray's."""
-    argv = _cmdline(entry)
-    if not (argv[0].startswith("ray::") or any("/ray/" in a for a in argv[:2])):
-        return False
-    paths = argv + _open_files(entry)
-    return any(d + "/" in p or p.endswith(d) for p in paths for d in sessions)
-
-
-def owned_processes(
-    owner: str, sessions: Collection[str] = (), proc: Path = Path("/proc")
-) -> list[int]:
-    """PIDs of the processes (other than this one) of the local instance started here: those
-    whose environment holds ``OWNER_ENV`` = ``owner`` (its GCS, raylet, agents, workers and
-    theirs), and Ray's own processes with a file open in, or naming on their command line,
-    one of its ``sessions`` (``session_dirs``). The second rule is for the raylet's agents:
-    once they rename themselves (``ray::DashboardAgent``) their environment can read back
-    empty. Another instance (a ``ray start`` cluster of the user's) has another session. Linux
-    only (an empty list where there is no ``/proc``); only the user's own processes can be
-    read, so no one else's is ever named."""
-    needle = f"{OWNER_ENV}={owner}".encode()
-    found = []
-    for pid, entry in _processes(proc):
-        try:
-            marked = needle in (entry / "environ").read_bytes().split(b"\0")
-            if marked or (sessions and _ray_inside(entry, sessions)):
-                found.append(pid)
-        except OSError:  # gone, or another user's
-            continue
-    return found
-
-
-def _reap(owner: str, grace_s: float = REAP_GRACE_S) -> list[int]:
-    """Shut Ray down, give the processes it started ``grace_s`` to end, kill what is left;
-    the PIDs killed."""
+def _end(reaper: Reaper | None, private: _Private | None) -> None:
+    """Shut the local instance down and end what it started, then remove its temp dir and
+    restore the environment."""
     import ray
 
-    sessions = session_dirs(owned_processes(owner))  # while the GCS and raylet still run
-    ray.shutdown()
-    until = time.monotonic() + grace_s
-    while (left := owned_processes(owner, sessions)) and time.monotonic() < until:
-        time.sleep(0.1)
-    for pid in left:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    if left:
-        logging.getLogger(__name__).info("killed %d process(es) Ray left: %s", len(left), left)
-    return left
+    try:
+        if reaper is not None:
+            reaper.end(ray.shutdown)
+    finally:
+        if private is not None:
+            private.leave()
 
 
 @dataclass
@@ -146,6 +126,10 @@ class RayConnection:
     """The address came from ``RAY_ADDRESS``, not ``--address``."""
     owner: str | None = None
     """``OWNER_ENV``'s value in the processes of the local instance started here."""
+    session_dir: str | None = None
+    """The local instance's session directory, as ``ray.init`` returned it."""
+    reaper: Reaper | None = None
+    private: _Private | None = None
 
     def describe(self) -> str | None:
         """The line a run prints about a cluster it joined; None for a local instance."""
@@ -158,8 +142,9 @@ class RayConnection:
     def close(self) -> None:
         import ray
 
-        if self.owned and self.owner is not None:
-            _reap(self.owner)
+        if self.owned and self.reaper is not None:
+            reaper, self.reaper = self.reaper, None
+            _end(reaper, self.private)
         elif self.owned and ray.is_initialized():
             ray.shutdown()
 
@@ -224,7 +209,7 @@ def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayC
     owner = f"{os.getpid()}-{uuid.uuid4().hex}" if address is None else None
     try:
         with _marked(owner):  # inherited by everything the instance starts
-            _init(address, kwargs, loopback, owner)
+            context, reaper, private = _init(address, kwargs, loopback, owner)
     except SystemExit as e:  # ray.init's own SIGTERM handler exits with the signal's number
         if e.code == signal.SIGTERM:
             Terminated.received = True
@@ -233,8 +218,10 @@ def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayC
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise _refused(e, address, from_env) from None
     return RayConnection(
-        address=address, started_here=address is None, from_env=from_env, owner=owner
-    )
+        address=address, started_here=address is None, from_env=from_env, owner=owner,
+        session_dir=context.address_info.get("session_dir") if owner else None,
+        reaper=reaper, private=private,
+    )  # fmt: skip
 
 
 def _resolve_address(address: str | None) -> tuple[str | None, bool]:
@@ -284,26 +271,45 @@ def _marked(owner: str | None) -> Iterator[None]:
             os.environ[OWNER_ENV] = before
 
 
-def _init(address: str | None, kwargs: dict[str, Any], loopback: bool, owner: str | None) -> None:
-    """``ray.init``; a start that fails or is interrupted leaves no process of a local
-    instance (``owner``) behind."""
+def _init(
+    address: str | None, kwargs: dict[str, Any], loopback: bool, owner: str | None
+) -> tuple[Any, Reaper | None, _Private | None]:
+    """``ray.init``, its context, and for a local instance (``owner``) the reaper of what it
+    starts and its private token and temp dir. A start that fails or is interrupted leaves no
+    process of a local instance behind."""
     import ray
 
+    reaper: Reaper | None = None
+    private: _Private | None = None
     try:
+        if owner is not None:
+            private = _Private.enter()
+            reaper = Reaper(owner)
+            reaper.adopt()  # every process the instance starts stays below this one
         # "local": always a new instance, even where a `ray start` cluster exists (Ray
         # would join it on address=None); --address or RAY_ADDRESS is how to join one.
         # Its node IP is 127.0.0.1, so nothing of it listens beyond loopback.
         with loopback_node_ip() if loopback else contextlib.nullcontext():
-            ray.init(address=address or "local", **kwargs)
+            context = ray.init(address=address or "local", **kwargs)
+        if reaper is not None:
+            reaper.record(started=True)
+            if os.environ.get("RAY_AUTH_MODE") != "token":
+                raise RuntimeError("Ray started it without token authentication")
     except BaseException:  # a start that failed or was interrupted leaves nothing
         if owner is not None:
-            _reap(owner)
+            _end(reaper, private)
         raise
+    return context, reaper, private
 
 
 def _refused(e: Exception, address: str | None, from_env: bool) -> ConfigError:
     """The one-line error for a Ray that would not connect, naming its first line."""
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if address is None:
+        return ConfigError(
+            f"the local Ray instance did not start ({first}); join a running cluster with "
+            f"--address instead"
+        )
     return ConfigError(
         f"{_address_flag(str(address), from_env)}: Ray would not connect ({first}); if the "
         f"cluster uses token authentication, set RAY_AUTH_MODE=token and make its token "

@@ -4,6 +4,7 @@ lab's input checks, and the live display with several trials in flight: pure log
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -96,63 +97,52 @@ def test_local_ranks_count_the_ranks_of_each_node_in_rank_order():
     assert local_ranks({}, 2) == [(0, 2), (1, 2)]  # nodes unknown: one node
 
 
-def test_the_processes_of_a_local_instance_are_found_by_its_mark_or_its_session(tmp_path):
+# What the reaper of a local instance ends, and what it leaves: tests/unit/test_reaper.py.
+
+
+@pytest.mark.parametrize("parent_len", [4, 200], ids=["short TMPDIR", "long TMPDIR"])
+def test_a_local_instance_gets_a_private_temp_dir_and_token_its_sockets_fit(
+    tmp_path, monkeypatch, parent_len
+):
+    """H-R11: a local instance's temp dir is its own (mode 0700, this user's) in TMPDIR, or in
+    /tmp where TMPDIR's path is so long that Ray's sockets below it would not bind (a Unix
+    socket's path holds 107 bytes); its token is fresh, a RAY_AUTH_MODE=disabled or a token
+    file set aside; leaving removes the dir and restores the environment."""
     import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    import socket
+    import tempfile
 
-    from autotune.launch.cluster import OWNER_ENV, owned_processes, session_dirs
-    from tests.conftest import wait_for
+    from autotune.launch.cluster import _SOCKET_TAIL, _Private
 
-    ours = tmp_path / "ray" / "session_2026-11-25_06-45-09_749085_100"
-    theirs = tmp_path / "ray" / "session_2026-11-25_07-00-00_000001_200"
-    for d in (ours, theirs):
-        (d / "logs").mkdir(parents=True)
-        (d / "logs" / "agent.log").write_text("")
-
-    def start(argv0: str, log, **kw):
-        """A process named argv0 holding log open (as a raylet's agent holds its log)."""
-        script = f'exec -a "{argv0}" tail -f {log}'
-        return subprocess.Popen(["bash", "-c", script], **kw)
-
-    env = {**os.environ, OWNER_ENV: "run-1"}
-    marked = subprocess.Popen(["sleep", "30"], env=env)
-    other_run = subprocess.Popen(["sleep", "30"], env={**env, OWNER_ENV: "run-2"})
-    # the raylet names its session on its command line
-    raylet = subprocess.Popen(
-        ["bash", "-c", f'exec -a /opt/ray/raylet {sys.executable} -c "import time; time.sleep(30)" '
-         f"--raylet_socket_name={ours}/sockets/raylet"]
-    )  # fmt: skip
-    agent = start("ray::DashboardAgent", ours / "logs" / "agent.log")  # environment unmarked
-    their_agent = start("ray::DashboardAgent", theirs / "logs" / "agent.log")
-    users_tail = start("tail", ours / "logs" / "agent.log")  # someone reading the log
-    procs = [marked, other_run, raylet, agent, their_agent, users_tail]
-
-    def ready() -> bool:
-        """Every exec has happened and every ``tail`` holds its log open."""
-        try:
-            named = all(
-                Path(f"/proc/{q.pid}/cmdline").read_bytes().split(b"\0")[0] == name
-                for q, name in ((raylet, b"/opt/ray/raylet"), (agent, b"ray::DashboardAgent"),
-                                (their_agent, b"ray::DashboardAgent"), (users_tail, b"tail"))
-            )  # fmt: skip
-            fds = (Path(f"/proc/{q.pid}/fd") for q in (agent, their_agent, users_tail))
-            held = all(any(os.readlink(f).endswith("agent.log") for f in d.iterdir()) for d in fds)
-        except OSError:
-            return False
-        return named and held
-
+    parent = Path(tempfile.mkdtemp(prefix="p", dir="/tmp")) if parent_len == 4 else tmp_path
+    if parent_len > 4:
+        parent = parent / ("d" * (parent_len - len(str(parent)) - 1))
+        parent.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(parent))
+    for name in ("RAY_TMPDIR", "RAY_AUTH_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "shared-token"))
+    private = _Private.enter()
     try:
-        assert wait_for(ready, 30)  # the execs have happened, the files are open
-        assert session_dirs([raylet.pid]) == {str(ours)}
-        assert session_dirs([agent.pid]) == {str(ours)}
-        found = set(owned_processes("run-1", {str(ours)}))
-        assert {marked.pid, raylet.pid, agent.pid} <= found
-        assert not {other_run.pid, their_agent.pid, users_tail.pid, os.getpid()} & found
-        # without the session, only the mark counts
-        assert marked.pid in owned_processes("run-1") and agent.pid not in owned_processes("run-1")
+        temp = Path(private.temp_dir)
+        assert temp.parent == (parent if parent_len == 4 else Path("/tmp"))
+        assert temp.stat().st_mode & 0o777 == 0o700 and temp.stat().st_uid == os.getuid()
+        assert os.environ["RAY_TMPDIR"] == str(temp)
+        assert len(os.environ["RAY_AUTH_TOKEN"]) == 64
+        assert "RAY_AUTH_MODE" not in os.environ and "RAY_AUTH_TOKEN_PATH" not in os.environ
+        longest = Path(str(temp) + _SOCKET_TAIL)
+        longest.parent.mkdir(parents=True)
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(str(longest))  # Ray's longest socket path fits
+        if parent_len > 4:  # where it would not have
+            with socket.socket(socket.AF_UNIX) as s, pytest.raises(OSError, match="too long"):
+                s.bind(f"{parent}/{temp.name}{_SOCKET_TAIL}")
     finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+        private.leave()
+        if parent_len == 4:
+            parent.rmdir()
+    assert not temp.exists()
+    assert os.environ["RAY_AUTH_MODE"] == "disabled" and "RAY_TMPDIR" not in os.environ
+    assert os.environ["RAY_AUTH_TOKEN_PATH"] == str(tmp_path / "shared-token")
+    assert "RAY_AUTH_TOKEN" not in os.environ
