@@ -89,6 +89,12 @@ class TrialFailed(AutotuneError):
         self.detail = detail
         super().__init__(f"{self.reason}: {detail}" if detail else str(self.reason))
 
+    def __reduce__(self) -> tuple[type[TrialFailed], tuple[str, str]]:
+        """Pickled as its reason and detail (its args are the formatted message): a trial that
+        fails inside a Ray task (script mode) reaches the driver as itself, not as Ray's
+        "Failed to deserialize exception"."""
+        return type(self), (self.reason.value, self.detail)
+
 
 class BaselineFailed(AutotuneError):
     """The baseline trial (PyTorch defaults) failed: the workload itself does not run."""

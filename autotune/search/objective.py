@@ -166,8 +166,13 @@ class Objective:
         bar = self._bar(trial) if prune else None
         try:
             result = self.measure(trial.number, config, bar, log_dir=log_dir)
-        except BaseException:
+        except TrialFailed as e:
             keep_logs(trial, log_dir)  # a failure's output is what the user reads first
+            if log_dir is None or not log_dir.is_dir() or str(log_dir) in e.detail:
+                raise
+            raise TrialFailed(e.reason, f"{e.detail} (output in {log_dir})") from None
+        except BaseException:
+            keep_logs(trial, log_dir)
             raise
         if kind.first:
             keep_logs(trial, log_dir)  # what the defaults printed, to compare with

@@ -415,3 +415,24 @@ def test_a_crashed_script_s_last_line_is_read_from_the_end_of_its_log(tmp_path):
                                        "the last words")  # fmt: skip
     assert (tmp_path / "script.log").stat().st_size > 60 << 20
     assert read[1] - read[0] < 4 << 20, read  # the log is 60 MiB
+
+
+def test_a_command_that_exits_at_once_fails_with_its_own_error_and_its_log(
+    run_env, tmp_path, ray_address
+):
+    """The trial runs as a Ray task, so its ``TrialFailed`` crosses a pickle: it used to reach
+    the driver as Ray's "UnserializableException: Failed to deserialize exception". The
+    baseline's failure names the script's own error line and where its output is."""
+    (tmp_path / "train.py").write_text(
+        "import argparse\nargparse.ArgumentParser().parse_args()\n"
+    )
+    env = {**run_env, "PATH": BIN + os.pathsep + run_env.get("PATH", "")}
+    p = autotune(env, "run", "--study", "quick", "--budget", "1m", "--global-batch", "128",
+                 "--address", ray_address, "--", sys.executable, "train.py", "--bad-flag",
+                 cwd=tmp_path, rc=1, timeout=300)  # fmt: skip
+    said = p.stdout + p.stderr
+    assert "Failed to deserialize" not in said and "Unserializable" not in said, said
+    assert "error: unrecognized arguments: --bad-flag" in said, said
+    log = tmp_path / "home" / "logs" / "quick-script-train-gloo-2r" / "trial-0"
+    assert f"output in {log}" in said, said
+    assert "unrecognized arguments" in (log / "script.log").read_text()

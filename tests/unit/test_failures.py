@@ -230,3 +230,13 @@ def test_ctrl_c_while_a_trial_is_told_leaves_no_trial_running(ctrl_c_raises):
     # of the fp16 hook, which is pruned) keeps the end it was told: measured, not RUNNING
     assert len(trials) == 3 and trials[0].state == trials[1].state == TrialState.COMPLETE
     assert trials[2].state in (TrialState.COMPLETE, TrialState.PRUNED)
+
+
+def test_a_trial_failure_survives_a_pickle_as_itself():
+    """A script trial fails inside a Ray task: Ray pickles the exception to the driver."""
+    import pickle
+
+    e = pickle.loads(pickle.dumps(TrialFailed("timeout", "not measured after 60s (3 steps)")))
+    assert type(e) is TrialFailed
+    assert e.reason is FailureReason.TIMEOUT and e.detail == "not measured after 60s (3 steps)"
+    assert str(e) == "timeout: not measured after 60s (3 steps)"
