@@ -27,7 +27,7 @@ from autotune.core import allocator, bounds
 from autotune.core.errors import ConfigError
 from autotune.core.knobs import COMM_HOOKS, KNOBS, UNSET, Knob, illegal_combination
 from autotune.core.target import Target
-from autotune.core.values import boolean, int_range, one_of
+from autotune.core.values import boolean, int_range, one_of, shown
 
 __all__ = [
     "ALLOWED_ENV",
@@ -104,13 +104,13 @@ def check_env(env: Any, *, where: str = "profile", fix: str = FILE_FIX) -> None:
     for name, value in env.items():
         if name not in ALLOWED_ENV:
             raise ConfigError(
-                f"{where}: env key {_short(name)} is not allowed: a configuration sets only "
+                f"{where}: env key {shown(name)} is not allowed: a configuration sets only "
                 f"{', '.join(ALLOWED_ENV)}; {fix}"
             )
         if not isinstance(value, str):
             raise ConfigError(
                 f"{where}: env must map variable names to strings (quote numbers), got "
-                f"{name}: {_short(value)}; {fix}"
+                f"{name}: {shown(value)}; {fix}"
             )
         if value == UNSET:
             reason: str | None = f"must not be {UNSET!r} (leave the key out to keep NCCL's)"
@@ -118,17 +118,11 @@ def check_env(env: Any, *, where: str = "profile", fix: str = FILE_FIX) -> None:
             reason = ALLOWED_ENV[name].legal(_env_value(value))
         if reason:
             reason = reason.removesuffix(f", or '{UNSET}' to leave it unset")
-            raise ConfigError(f"{where}: env.{name} {reason}, got {_short(value)}; {fix}")
+            raise ConfigError(f"{where}: env.{name} {reason}, got {shown(value)}; {fix}")
     nccl = {k: _env_value(v) for k, v in env.items() if k.startswith("NCCL_")}
     reason = illegal_combination(nccl, _ANY_TARGET)
     if reason:
         raise ConfigError(f"{where}: env: {reason}; {fix}")
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    """``repr(value)`` cut to ``limit`` characters: an error line stays one short line."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def check_sections(sections: Mapping[str, Any], *, where: str, fix: str) -> None:
@@ -138,11 +132,11 @@ def check_sections(sections: Mapping[str, Any], *, where: str, fix: str) -> None
     for section, keys in _KEYS.items():
         value = sections.get(section)
         if not isinstance(value, dict):
-            raise ConfigError(f"{where}: {section} must be a mapping, got {_short(value)}; {fix}")
+            raise ConfigError(f"{where}: {section} must be a mapping, got {shown(value)}; {fix}")
         for key in value:
             if key not in keys:
                 raise ConfigError(
-                    f"{where}: {section}: unknown key {_short(key)}; allowed keys are "
+                    f"{where}: {section}: unknown key {shown(key)}; allowed keys are "
                     f"{', '.join(keys)}; {fix}"
                 )
     for (section, key), rule in _RULES.items():
@@ -151,7 +145,7 @@ def check_sections(sections: Mapping[str, Any], *, where: str, fix: str) -> None
             reason = rule(values[key])
             if reason:
                 name = section if section == key else f"{section}.{key}"
-                raise ConfigError(f"{where}: {name} {reason}, got {_short(values[key])}; {fix}")
+                raise ConfigError(f"{where}: {name} {reason}, got {shown(values[key])}; {fix}")
 
 
 def check_config(config: Any, *, where: str = "configuration", fix: str = FILE_FIX) -> None:

@@ -16,6 +16,7 @@ __all__ = [
     "number_in",
     "one_of",
     "positive_number",
+    "shown",
 ]
 
 
@@ -65,3 +66,10 @@ def number_in(lo: float, hi: float) -> Callable[[Any], str | None]:
         return None if ok else f"must be a number above {lo:g} and at most {hi:g}"
 
     return check
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters: a value from a file or a study, quoted in a
+    one-line message, keeps the line short."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -6,6 +6,8 @@ import os
 import socket
 from typing import Any
 
+from autotune.core.values import shown
+
 __all__ = ["describe", "differences", "nvlink_active"]
 
 #: The ``hardware`` keys that a profile's measurements depend on.
@@ -146,5 +148,4 @@ def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
 def _shown(value: Any) -> str:
     if not isinstance(value, (str, int, float, bool, type(None))):
         return f"<{type(value).__name__}>"
-    text = repr(value)
-    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+    return shown(value, SHOWN_CHARS)

@@ -22,7 +22,6 @@ same strict loader (``Profile.load``) that the user's training script uses::
 from __future__ import annotations
 
 import os
-import tempfile
 import warnings
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from autotune.core import allocator, apply
 from autotune.core import safe_yaml as _yaml
 from autotune.core.config import TrialConfig
 from autotune.core.errors import ConfigError
+from autotune.core.files import replace_whole
 from autotune.launch.hardware import differences
 from autotune.profile.rules import (
     ALLOWED_ENV,
@@ -100,15 +100,7 @@ class Profile:
         p = Path(path)
         text = self.to_yaml(where=f"profile {p}")
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(tmp, p)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return p
+        return replace_whole(p, lambda f: f.write(text.encode()), ordinary_mode=False)
 
     # -- using it ----------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune.core.config import TrialConfig
+from autotune.core.config import STUDY_FIX, TrialConfig
 from autotune.core.errors import TrialFailed
 from autotune.core.stats import Interval
 from autotune.launch.results import TrialResult
@@ -199,7 +199,7 @@ def config_dict(t: AnyTrial) -> dict[str, Any] | None:
     return _get(t, "config", dict)
 
 
-def config(t: AnyTrial, where: str | None = None, fix: str | None = None) -> TrialConfig:
+def config(t: AnyTrial, where: str | None = None, fix: str = STUDY_FIX) -> TrialConfig:
     """The configuration ``t`` ran, checked (``TrialConfig.from_dict``); ``RecordError`` when
     it has none."""
     raw = config_dict(t)
@@ -207,8 +207,6 @@ def config(t: AnyTrial, where: str | None = None, fix: str | None = None) -> Tri
     if raw is None:
         raise RecordError(f"study record {where}: no configuration stored; the study was "
                           f"written by another program - use another --study-name")  # fmt: skip
-    if fix is None:
-        return TrialConfig.from_dict(raw, where=where)
     return TrialConfig.from_dict(raw, where=where, fix=fix)
 
 

@@ -13,7 +13,6 @@ not created where they are missing.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import optuna
 
 from autotune.core.errors import ConfigError
 from autotune.core.knobs import KNOBS
+from autotune.core.values import shown
 from autotune.record import storage as storage_mod
 from autotune.record import trial as tr
 
@@ -73,8 +73,6 @@ def check_study(study: optuna.Study, url: str = "") -> None:
 def _check_param(name: Any, value: Any, where: str) -> None:
     knob = KNOBS.get(name) if isinstance(name, str) else None
     if knob is None:
-        raise ConfigError(f"{where}: parameter {str(name)[:60]!r} is not a knob; {FIX}")
-    reason: Callable[[Any], str | None] = knob.legal
-    if (why := reason(value)) is not None:
-        shown = repr(value)[:60]
-        raise ConfigError(f"{where}: parameter {name} {why}, got {shown}; {FIX}")
+        raise ConfigError(f"{where}: parameter {shown(str(name))} is not a knob; {FIX}")
+    if (why := knob.legal(value)) is not None:
+        raise ConfigError(f"{where}: parameter {name} {why}, got {shown(value)}; {FIX}")

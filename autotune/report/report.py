@@ -13,8 +13,6 @@ and the profile ``autotune export`` writes for the study.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +21,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
+from autotune.core.files import replace_whole
 from autotune.record import trial as tr
 from autotune.record.study import complete, failure_reasons
 from autotune.report.figures import LIMIT_TITLE, failure_figures, limit_figures
@@ -195,28 +194,13 @@ def write(report: Report, out_dir: Path) -> list[Path]:
         text = html_page(report).encode("utf-8")  # first: a study it cannot read writes nothing
         out_dir.mkdir(parents=True, exist_ok=True)
         written = [
-            _write_new(out_dir / f"{name}.png", lambda f, m=mfig: m.savefig(f, **_PNG))
+            replace_whole(
+                out_dir / f"{name}.png", lambda f, m=mfig: m.savefig(f, **_PNG), ordinary_mode=True
+            )
             for name, mfig in drawn
         ]
-        page = _write_new(out_dir / "report.html", lambda f: f.write(text))
+        page = replace_whole(out_dir / "report.html", lambda f: f.write(text), ordinary_mode=True)
     finally:
         for _, mfig in drawn:
             plt.close(mfig)
     return [page, *written]
-
-
-def _write_new(path: Path, fill: Callable[[Any], Any]) -> Path:
-    """``fill`` a new file (``mkstemp``: created, never opened through a link) beside
-    ``path``, then rename it to ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fill(f)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as an ordinary new file
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
