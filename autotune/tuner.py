@@ -6,12 +6,10 @@
    (``launcher.TrialRunner``), probe the hardware from inside the first;
 3. resolve the space against backend and device (knobs that cannot act are left out, with
    the reason shown and stored on the study);
-4. open or resume the study (``record.study.open_study``): a new study's first trial is the
-   baseline (every knob at its PyTorch/NCCL/torchrun default);
-5. search until the budget is spent (``search.Search`` over ``objective.Objective``, the
-   budget kept by ``budget.Budget``, all three built by ``search.assembly.assemble`` over the
-   Ray-backed ``launch.measure.RayMeasurer``); failed trials are FAIL with a reason, the run
-   goes on;
+4. open or resume the study (``record.study.open_study``): its first trial is the baseline;
+5. search until the budget is spent (``search.Search`` over ``objective.Objective`` and
+   ``budget.Budget``, built by ``search.assembly.assemble`` over ``launch.measure.RayMeasurer``);
+   failed trials are FAIL with a reason, the run goes on;
 6. re-validate the best few against the baseline, interleaved (``validation.revalidate``);
 7. ablate the winner: keep only the knobs whose removal costs more than the noise
    (``ablation.ablate``); then probe how far the defaults and the winner are from the limit
@@ -27,18 +25,22 @@ from __future__ import annotations
 import math
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import optuna
 
+from autotune.core.compat import ray_off_main_thread_quiet
 from autotune.core.errors import (
     BaselineFailed,
     ClusterLost,
     ConfigError,
+    Kept,
     Terminated,
     interrupted_by,
+    note_terminated,
     raise_terminated,
 )
 from autotune.core.target import Target
@@ -46,7 +48,7 @@ from autotune.definition.durations import format_duration
 from autotune.definition.paths import check_study_name, check_writable, file_stem
 from autotune.definition.space import SearchSpace
 from autotune.definition.studydef import StudyDefinition
-from autotune.launch.cluster import RankPlan, connect, plan_ranks
+from autotune.launch.cluster import RankPlan, RayConnection, connect, plan_ranks
 from autotune.launch.failures import first_line
 from autotune.launch.launcher import PLACEMENT_TIMEOUT_S, TrialRunner
 from autotune.launch.measure import Measurer, RayMeasurer
@@ -90,9 +92,8 @@ class RunRequest:
     """``time.monotonic()`` when the command started: the budget counts from there (Ray's
     start and the placement included). None: from the first trial."""
     sigterm: bool = False
-    """Stop on SIGTERM as on Ctrl-C (the CLI sets it; call ``run`` from the main thread). The
-    handler is installed once Ray is connected: ``ray.init`` installs Ray's own, which would
-    end the process at once."""
+    """Stop on SIGTERM as on Ctrl-C (the CLI sets it; call ``run`` from the main thread): held
+    while Ray starts and from the export on (the summary then says ``terminated``)."""
 
 
 @dataclass
@@ -107,8 +108,7 @@ class RunSummary:
     terminated: bool = False
     """Interrupted by SIGTERM rather than Ctrl-C."""
     stopped: str | None = None
-    """Why the run stopped before its budget (the cluster lost the room for a trial, the
-    storage failed, ...)."""
+    """Why the run stopped before its budget (a lost cluster, a failed storage, ...)."""
     study: optuna.Study | None = None
 
 
@@ -118,14 +118,13 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
     # 1. Everything checkable without side effects.
     d, workload, space, storage_url = _checked(req)
     # 2. Ray and the ranks' placement groups.
-    conn = connect(req.address, extra_pythonpath=os.getcwd())
+    Terminated.received = False
+    conn, close = _connect(req)
     if joined := conn.describe():
         emit(Note(joined))
-    Terminated.received = False
     previous = signal.signal(signal.SIGTERM, raise_terminated) if req.sigterm else None
-    # Ray's core worker installs a handler of its own (it logs "SIGTERM received" and exits 1),
-    # at a moment ray.init does not wait for (seen in CI): the search re-asserts this one from
-    # the main thread before the baseline, between trials and while concurrent trials run.
+    # Ray's core worker may install a SIGTERM handler of its own after ray.init (seen in CI): the
+    # search re-asserts this one before the baseline, between trials and while trials run.
     tick = _reassert_sigterm if req.sigterm else None
     runners: list[TrialRunner] = []
     try:
@@ -146,28 +145,50 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
                       f"({target.world_size} ranks, {plan.cpus_per_rank} CPU(s) each, "
                       f"--placement {d.placement})"))  # fmt: skip
         run = assemble(
-            study=study,
-            space=resolved,
-            definition=d,
+            study=study, space=resolved, definition=d,
             measure=RayMeasurer(study=study, runners=runners, definition=d),
-            emit=emit,
-            started=req.started,
-            tick=tick,
-            tokens_per_sample=workload.tokens_per_sample,
-            logs=logs,
-        )
+            emit=emit, started=req.started, tick=tick,
+            tokens_per_sample=workload.tokens_per_sample, logs=logs,
+        )  # fmt: skip
         summary = RunSummary(study_name=name, storage_url=storage_url, profile_path=None)
         _search_and_conclude(run, summary, logs / "limit", target, emit)
-        # 8. The profile.
+        # 8. The profile, written whole: a SIGTERM from here on is held (and said afterwards).
+        _hold_sigterm(req)
         _export(summary, study, profile_path, d.budget_s)
         _said_converged(run, emit)
-        return summary
     finally:
+        _hold_sigterm(req)
         for r in runners:
             r.close()
-        conn.close()
+        close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+    if req.sigterm and Terminated.received and not summary.interrupted:
+        summary.interrupted = summary.terminated = True  # held during the export or shutdown
+    return summary
+
+
+def _connect(req: RunRequest) -> tuple[RayConnection, Callable[[], None]]:
+    """Ray (started or joined) and how to close it. For the CLI on a thread of its own, SIGTERM
+    and Ctrl-C held until it is up (``Kept``): ray.init's own handler exited from inside the core
+    worker's constructor, leaving a core worker ray.shutdown does not know (SIGSEGV at exit)."""
+    cwd = os.getcwd()
+    if not req.sigterm:
+        conn = connect(req.address, extra_pythonpath=cwd)
+        return conn, conn.close
+    kept = Kept(lambda: _connect_quietly(req.address, cwd), RayConnection.close, "ray")
+    return kept.value, kept.close
+
+
+def _connect_quietly(address: str | None, cwd: str) -> RayConnection:
+    """``connect``, without Ray's warning that off the main thread it set no SIGTERM handler."""
+    with ray_off_main_thread_quiet():
+        return connect(address, extra_pythonpath=cwd)
+
+
+def _hold_sigterm(req: RunRequest) -> None:
+    if req.sigterm:
+        signal.signal(signal.SIGTERM, note_terminated)
 
 
 def _reassert_sigterm() -> None:
@@ -177,8 +198,7 @@ def _reassert_sigterm() -> None:
 def _checked(req: RunRequest) -> tuple[StudyDefinition, Workload | ScriptJob, SearchSpace, str]:
     """Step 1: every input checkable without side effects - the space, the workload (script
     mode: the user's command, which sets some of the definition), the output paths, the study
-    name and the storage URL. Returns the definition to run, the workload, the space and the
-    storage URL."""
+    name and the storage URL. Returns the definition, the workload, the space and the URL."""
     d = req.definition
     space = SearchSpace.load(d.space)
     workload: Workload | ScriptJob
@@ -239,22 +259,13 @@ def _said_converged(run: Assembly, emit: Emit) -> None:
     """When the search converged, say how much of the budget it gave back."""
     stop = run.search.stop
     if stop is not None and stop.kind == "converged":
-        used = run.budget.elapsed_s()
-        at, left = (
-            format_duration(round(stop.at_s)),
-            format_duration(round(run.budget.total_s - used)),
-        )
+        at = format_duration(round(stop.at_s))
+        left = format_duration(round(run.budget.total_s - run.budget.elapsed_s()))
         emit(Note(f"Converged at {at}; the run ended {left} before its budget"))
 
 
-def _limit(
-    study: optuna.Study,
-    d: StudyDefinition,
-    measure: Measurer,
-    trace_dir: Path,
-    emit: Emit,
-    device: str = "cpu",
-) -> None:
+def _limit(study: optuna.Study, d: StudyDefinition, measure: Measurer, trace_dir: Path,
+           emit: Emit, device: str = "cpu") -> None:  # fmt: skip
     """Probe the defaults and the configuration the profile will export (when it differs)."""
     base = baseline_trial(study)
     if base is None or base.state != optuna.trial.TrialState.COMPLETE:
@@ -277,12 +288,8 @@ def _interrupted(summary: RunSummary, e: KeyboardInterrupt, emit: Emit) -> None:
     summary.interrupted = True
     by = interrupted_by(e)
     summary.terminated = by == "SIGTERM"
-    emit(
-        Note(
-            f"Interrupted ({by}): the running trial is recorded; exporting the best "
-            f"profile so far (Ctrl-C again to exit at once)"
-        )
-    )
+    emit(Note(f"Interrupted ({by}): the running trial is recorded; exporting the best "
+              f"profile so far (Ctrl-C again to exit at once)"))  # fmt: skip
 
 
 def _cause(e: BaseException) -> BaseException:
@@ -315,9 +322,8 @@ def _export(summary: RunSummary, study: optuna.Study, path: Path, budget_s: floa
         summary.stopped = f"{summary.stopped}; {why}" if summary.stopped else why
 
 
-def _place(
-    d: StudyDefinition, workload: Workload | ScriptJob
-) -> tuple[Target, list[TrialRunner], dict[str, Any], RankPlan]:
+def _place(d: StudyDefinition, workload: Workload | ScriptJob
+           ) -> tuple[Target, list[TrialRunner], dict[str, Any], RankPlan]:  # fmt: skip
     """Backend and world size from the cluster; the runners (placement groups); the hardware
     probed from the first; the target the space is resolved against."""
     import ray
@@ -340,18 +346,13 @@ def _place(
             raise ConfigError(f"--backend {backend}: {hw['error']}; use --backend gloo")
         ranks_per_node = math.ceil(world / hw["node_count"])
         target = Target(
-            backend=backend,
-            device=hw["device"],
-            world_size=world,
+            backend=backend, device=hw["device"], world_size=world,
             global_batch=workload.global_batch,
             # the CPUs the rank's bundle reserves, never more than its machine has
             cpus_per_rank=max(1, min(plan.cpus_per_rank, hw["cpus"] // ranks_per_node)),
-            bf16=hw["bf16"],
-            bf16_native=bool(hw.get("bf16_native")),
-            tf32=hw["tf32"],
-            free_batch=d.free_batch,
-            ranks_per_node=ranks_per_node,
-        )
+            bf16=hw["bf16"], bf16_native=bool(hw.get("bf16_native")), tf32=hw["tf32"],
+            free_batch=d.free_batch, ranks_per_node=ranks_per_node,
+        )  # fmt: skip
     except BaseException:
         for r in runners:
             r.close()
@@ -367,15 +368,9 @@ def _runners(d: StudyDefinition, plan: RankPlan, world: int, backend: str) -> li
     runners: list[TrialRunner] = []
 
     def place(timeout_s: float) -> None:
-        runners.append(
-            TrialRunner(
-                world_size=world,
-                backend=backend,
-                cpus_per_rank=plan.cpus_per_rank,
-                strategy=d.placement,
-                placement_timeout_s=timeout_s,
-            )  # fmt: skip
-        )
+        runners.append(TrialRunner(world_size=world, backend=backend,
+                                   cpus_per_rank=plan.cpus_per_rank, strategy=d.placement,
+                                   placement_timeout_s=timeout_s))  # fmt: skip
 
     try:
         place(PLACEMENT_TIMEOUT_S)

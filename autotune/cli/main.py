@@ -26,6 +26,7 @@ from autotune.core.errors import (
     AutotuneError,
     BaselineFailed,
     ConfigError,
+    Terminated,
     interrupted_by,
     raise_terminated,
 )
@@ -43,6 +44,7 @@ STARTED = time.monotonic()
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
+TERMINATED_LINE = "terminated (SIGTERM)"
 
 
 class Parser(argparse.ArgumentParser):
@@ -168,8 +170,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         sigterm=True,
         started=STARTED,
     )
-    # SIGTERM (SLURM preemption, `timeout`, `docker stop`) stops the run like Ctrl-C does: here
-    # until Ray is connected, then by the handler run() installs over Ray's own.
+    # SIGTERM (SLURM preemption, `timeout`, `docker stop`) stops the run like Ctrl-C does, and
+    # it exits 143 at every step: run() holds it while Ray starts and from the export on.
+    Terminated.received = False
     previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         with RunView(console, budget_s=d.budget_s) as view:
@@ -177,8 +180,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         _print_summary(console, summary)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    if summary.interrupted:
-        return EXIT_TERMINATED if summary.terminated else EXIT_INTERRUPTED
+    if summary.interrupted or Terminated.received:
+        terminated = summary.terminated or Terminated.received
+        print(f"autotune: {TERMINATED_LINE if terminated else 'interrupted'}", file=sys.stderr)
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     if summary.stopped:
         print(f"autotune: stopped early: {summary.stopped}", file=sys.stderr)
         return 1
@@ -231,6 +236,18 @@ def _print_summary(console: Any, summary: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    code = _act(args)
+    if argv is None and args.command == "run":
+        # The run is over and has said how it ended: a Ctrl-C or SIGTERM while the interpreter
+        # exits (Ray's exit handlers, the modules' teardown) changes nothing. Python's exit gives
+        # a signal its default action back early, and the process would end by the signal.
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
+    return code
+
+
+def _act(args: argparse.Namespace) -> int:
+    """Run the command; its errors become one line and an exit code."""
     try:
         return args.action(args)
     except ConfigError as e:
@@ -241,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt as e:
         if interrupted_by(e) == "SIGTERM":
-            print("autotune: terminated (SIGTERM)", file=sys.stderr)
+            print(f"autotune: {TERMINATED_LINE}", file=sys.stderr)
             return EXIT_TERMINATED
         print("autotune: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

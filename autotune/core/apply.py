@@ -14,12 +14,18 @@ Contract:
   process running trial after trial (the launcher's pool) never keeps an earlier trial's value.
   Every other function only builds or wraps the objects it is given or returns.
 * Nothing here measures, reads files, prints or changes environment variables (those are put in
-  the process before it starts: ``Profile.apply_env``, ``autotune launch``, Ray).
+  the process before it starts: ``Profile.apply_env``, ``autotune launch``, Ray); the one
+  exception is ``drain_torch_threads``, which ``wrap`` registers to run at exit and which reads
+  the process's own thread states in ``/proc``.
 * ``torch`` is imported inside the functions, so that importing ``autotune`` stays light.
 """
 
 from __future__ import annotations
 
+import atexit
+import os
+import threading
+import time
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -27,6 +33,7 @@ __all__ = [
     "autocast",
     "autocast_dtype",
     "dataloader_kwargs",
+    "drain_torch_threads",
     "grad_scaler",
     "is_last_micro_step",
     "micro_step",
@@ -35,6 +42,12 @@ __all__ = [
     "set_threads",
     "wrap",
 ]
+
+#: At exit: how long ``drain_torch_threads`` waits at most, and how many looks in a row, the GIL
+#: released between them, must find none of torch's threads running.
+DRAIN_TIMEOUT_S = 5.0
+DRAIN_QUIET_LOOKS = 3
+_DRAINING: list[bool] = []  # registered with atexit (once per process)
 
 #: The process's own TF32 flags (matmul, cuDNN), read the first time ``set_tf32`` runs in the
 #: process and restored for every configuration that does not ask for TF32.
@@ -122,7 +135,49 @@ def wrap(
 
     ddp = DistributedDataParallel(model, **{**ddp_kwargs, **extra_ddp_kwargs})
     register_comm_hook(ddp, comm_hook)
+    if not _DRAINING and threading.current_thread() is threading.main_thread():
+        _DRAINING.append(True)
+        atexit.register(drain_torch_threads)
     return ddp
+
+
+def _torch_thread_running(tasks: str = "/proc/self/task") -> bool:
+    """Whether one of the threads torch started (named ``pt_...``: the gloo workers are
+    ``pt_gloo_runloop``) is running or runnable. False where there is no ``/proc``."""
+    try:
+        tids = os.listdir(tasks)
+    except OSError:
+        return False
+    for tid in tids:
+        try:
+            with open(f"{tasks}/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:  # the thread ended
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        if name.startswith("pt_") and stat[stat.rindex(")") + 2 :].startswith("R"):
+            return True
+    return False
+
+
+def drain_torch_threads(timeout_s: float = DRAIN_TIMEOUT_S) -> bool:
+    """Before the interpreter finalizes (``atexit``, registered by ``wrap``): give torch's
+    threads the GIL until none of them runs; whether they went quiet within ``timeout_s``.
+
+    A gloo worker thread lets go of a finished all-reduce after the thread that waited for it
+    has moved on: the work holds the contextvars context that the backward stashed in its
+    thread-local state, and a comm hook's Python ``then`` callback; releasing either takes the
+    GIL. When the main thread has begun finalizing by then, Python ends that thread with
+    ``pthread_exit``, whose unwinding through torch's destructor aborts the process ("terminate
+    called without an active exception", SIGABRT, exit 1 under torchrun) after a training that
+    succeeded. Nothing is waited for when no torch thread runs (three looks, 2 ms apart)."""
+    quiet, deadline = 0, time.monotonic() + timeout_s
+    while quiet < DRAIN_QUIET_LOOKS:
+        time.sleep(0.002)  # the GIL released: a worker waiting for it takes it now
+        quiet = 0 if _torch_thread_running() else quiet + 1
+        if time.monotonic() > deadline:
+            return False
+    return True
 
 
 def dataloader_kwargs(micro_batch: int, data: dict[str, Any]) -> dict[str, Any]:

@@ -25,11 +25,17 @@ API does the job. ``pyproject.toml`` bounds both packages from above, and
   bucket sizes it settled on after its first steps (``rebuilt_bucket_sizes``; DDP computes
   them from the order gradients became ready, which no public call returns). The limit probe
   all-reduces buckets of exactly those sizes.
+* ``ray_off_main_thread_quiet()``: ``ray.init`` called off the main thread (``autotune run``
+  starts Ray on a thread of its own, so that a signal cannot leave it half-built) logs, through
+  the logger of its private module ``ray._private.worker``, that it set no SIGTERM handler:
+  autotune sets its own on purpose. No public option silences that one line; a filter on that
+  logger drops exactly it while the call runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Container, Iterator
 from typing import Any
 
@@ -40,7 +46,11 @@ __all__ = [
     "ddp_bucket_bytes",
     "ddp_logging",
     "loopback_node_ip",
+    "ray_off_main_thread_quiet",
 ]
+
+#: The logger of Ray's module that warns, off the main thread, that it set no SIGTERM handler.
+RAY_WORKER_LOGGER = "ray._private.worker"
 
 #: The private method through which Optuna's samplers read a study's trials.
 STUDY_TRIALS_METHOD = "_get_trials"
@@ -78,6 +88,21 @@ def loopback_node_ip() -> Iterator[None]:
         yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = before
+
+
+@contextlib.contextmanager
+def ray_off_main_thread_quiet() -> Iterator[None]:
+    """While it lasts, Ray's "SIGTERM handler is not set" warning is not logged."""
+    worker_log = logging.getLogger(RAY_WORKER_LOGGER)
+
+    def keep(record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+    worker_log.addFilter(keep)
+    try:
+        yield
+    finally:
+        worker_log.removeFilter(keep)
 
 
 def ddp_logging(ddp: Any) -> dict[str, Any]:

@@ -5,11 +5,20 @@ its one-line message and exits with code 2, before anything is written. ``TrialF
 trial that ended without a measurement; the study records it as FAIL with its reason and goes
 on. ``BaselineFailed`` stops a run: without the defaults measured there is nothing to compare;
 ``ClusterLost`` stops it when the cluster cannot hold a trial's ranks any more.
+
+``Terminated`` and the handlers below are how ``autotune run`` stops on SIGTERM: the first
+SIGTERM raises, later ones and those that arrive where nothing may be cut short (Ray starting,
+the export, the shutdown) are recorded, and the run ends as terminated once that part is done.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from enum import Enum
+from typing import Generic, TypeVar
 
 __all__ = [
     "AutotuneError",
@@ -17,10 +26,13 @@ __all__ = [
     "ClusterLost",
     "ConfigError",
     "FailureReason",
+    "Kept",
     "Terminated",
     "TrialFailed",
     "interrupted_by",
+    "note_terminated",
     "raise_terminated",
+    "signals_held",
 ]
 
 
@@ -114,10 +126,106 @@ class Terminated(KeyboardInterrupt):
     received = False
 
 
+def _received() -> bool:
+    """Record a SIGTERM; whether one was recorded before. Also cancels the alarm that Ray's
+    failure signal handler (absl's, installed by Ray's core worker, which passes the SIGTERM
+    on to this handler) arms as it sees a SIGTERM: its SIGALRM handler aborts the process 3 s
+    later, wherever the stop has got to (SIGABRT instead of exit 143). autotune sets no alarm
+    of its own."""
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    before, Terminated.received = Terminated.received, True
+    return before
+
+
 def raise_terminated(signum: int, frame: object) -> None:
-    """The SIGTERM handler of ``autotune run``: mark SIGTERM received, raise ``Terminated``."""
-    Terminated.received = True
-    raise Terminated()
+    """The SIGTERM handler of ``autotune run``: the first SIGTERM raises ``Terminated``; one
+    that arrives while the run is already stopping is only recorded, so that the stop itself
+    (the running trial recorded, the profile exported, Ray shut down) is not cut short."""
+    if not _received():
+        raise Terminated()
+
+
+def note_terminated(signum: int, frame: object) -> None:
+    """The SIGTERM handler where nothing may be cut short (the export, Ray's shutdown):
+    recorded in ``Terminated.received``; the run ends as terminated after that part."""
+    _received()
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[list[str]]:
+    """SIGTERM and Ctrl-C recorded, not raised, while inside (call from the main thread): the
+    list it yields receives what arrived, as ``interrupted_by`` names it."""
+    got: list[str] = []
+
+    def note(signum: int, frame: object) -> None:
+        got.append("SIGTERM" if signum == signal.SIGTERM else "Ctrl-C")
+        if signum == signal.SIGTERM:
+            _received()
+
+    before = {s: signal.signal(s, note) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield got
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+T = TypeVar("T")
+
+
+class Kept(Generic[T]):
+    """``start()`` run on a thread of its own that lives until ``close()`` runs ``stop(value)``
+    there, while the main thread waits for ``start`` with SIGTERM and Ctrl-C held
+    (``signals_held``): what ``start`` builds cannot be left half-built by a signal handler
+    raising in the middle of it, and lives as long as the thread that built it (a process
+    started from a thread gets its parent-death signal when that thread ends). A signal that
+    arrived meanwhile is raised once ``stop`` has run: ``Terminated`` or KeyboardInterrupt."""
+
+    value: T
+    """What ``start`` returned."""
+
+    def __init__(self, start: Callable[[], T], stop: Callable[[T], object], name: str) -> None:
+        self._error: BaseException | None = None
+        self._stop = stop
+        self._ready, self._release, self._done = (threading.Event() for _ in range(3))
+        self._thread = threading.Thread(target=self._keep, args=(start,), name=name, daemon=True)
+        with signals_held() as got:
+            self._thread.start()
+            while not self._ready.wait(0.1):
+                pass
+        if got:
+            self.close()
+            raise Terminated() if "SIGTERM" in got else KeyboardInterrupt()
+        if self._error is not None:
+            raise self._error
+
+    def _keep(self, start: Callable[[], T]) -> None:
+        try:
+            value = start()
+        except BaseException as e:  # noqa: BLE001 - raised again in the main thread
+            self._error = e
+            self._ready.set()
+            return
+        self.value = value
+        self._ready.set()
+        self._release.wait()
+        try:
+            self._stop(value)
+        except BaseException as e:  # noqa: BLE001 - raised again by close()
+            self._error = e
+        finally:
+            self._done.set()
+
+    def close(self) -> None:
+        """Run ``stop`` on the keeping thread and wait for it; its error is raised here. (The
+        wait is on an event, not ``Thread.join``, which Ctrl-C can leave inconsistent.)"""
+        if self._error is None and not self._release.is_set():
+            self._release.set()
+            while not self._done.wait(0.1):
+                pass
+            if self._error is not None:
+                raise self._error
 
 
 def interrupted_by(e: BaseException) -> str:

@@ -62,6 +62,7 @@ try:
           flush=True)
     sys.stdin.readline()
 except KeyboardInterrupt:  # SIGTERM (Terminated), as `autotune run` ends on it
+    signal.alarm(0)  # Ray's failure signal handler may have armed one as it saw the SIGTERM
     if conn is not None:
         conn.close()
     print("terminated, closed", flush=True)
@@ -219,9 +220,7 @@ def test_sigterm_while_the_local_instance_starts_leaves_nothing(tmp_path, after_
     # a short TMPDIR of the test's own, so that the instance's temp dir is found under it
     tmp = Path(tempfile.mkdtemp(prefix="at", dir="/tmp"))
     try:
-        driver = start_driver(
-            clean_env(tmp_path / "home", TMPDIR=str(tmp)), start_new_session=True
-        )
+        driver = start_driver(clean_env(tmp_path / "home", TMPDIR=str(tmp)), start_new_session=True)
         try:
             assert driver.stdout.readline() == "connecting\n"
             time.sleep(after_s)

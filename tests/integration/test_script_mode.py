@@ -423,9 +423,7 @@ def test_a_command_that_exits_at_once_fails_with_its_own_error_and_its_log(
     """The trial runs as a Ray task, so its ``TrialFailed`` crosses a pickle: it used to reach
     the driver as Ray's "UnserializableException: Failed to deserialize exception". The
     baseline's failure names the script's own error line and where its output is."""
-    (tmp_path / "train.py").write_text(
-        "import argparse\nargparse.ArgumentParser().parse_args()\n"
-    )
+    (tmp_path / "train.py").write_text("import argparse\nargparse.ArgumentParser().parse_args()\n")
     env = {**run_env, "PATH": BIN + os.pathsep + run_env.get("PATH", "")}
     p = autotune(env, "run", "--study", "quick", "--budget", "1m", "--global-batch", "128",
                  "--address", ray_address, "--", sys.executable, "train.py", "--bad-flag",

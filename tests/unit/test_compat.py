@@ -90,3 +90,22 @@ def test_no_other_module_touches_private_optuna_or_ray_api():
             if needle in text:
                 offenders.append(f"{path.name}: {needle}")
     assert offenders == []
+
+
+def test_rays_off_main_thread_warning_comes_from_the_logger_silenced(caplog):
+    """The warning ``ray_off_main_thread_quiet`` drops is still logged by that logger, and only
+    that line is dropped while it lasts."""
+    import inspect
+    import logging
+
+    import ray._private.worker as worker
+
+    assert "SIGTERM handler is not set" in inspect.getsource(worker)
+    assert worker.logger.name == _compat.RAY_WORKER_LOGGER
+    with caplog.at_level(logging.WARNING, logger=_compat.RAY_WORKER_LOGGER):
+        with _compat.ray_off_main_thread_quiet():
+            worker.logger.warning("SIGTERM handler is not set because current thread is not main")
+            worker.logger.warning("another line")
+        worker.logger.warning("SIGTERM handler is not set (after)")
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["another line", "SIGTERM handler is not set (after)"]

@@ -32,9 +32,7 @@ def marked(owner: str) -> dict[str, str]:
 
 def holding(argv0: str, path: Path, env: dict[str, str]) -> subprocess.Popen:
     """A Python process started as ``argv0`` with ``path`` open, once it has it open."""
-    p = subprocess.Popen(
-        [argv0, "-c", HOLD, str(path)], env=env, stdout=subprocess.PIPE, text=True
-    )
+    p = subprocess.Popen([argv0, "-c", HOLD, str(path)], env=env, stdout=subprocess.PIPE, text=True)
     assert p.stdout is not None and p.stdout.readline() == "open\n"
     return p
 
