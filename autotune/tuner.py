@@ -33,6 +33,7 @@ from typing import Any
 import optuna
 
 from autotune.core.compat import ray_off_main_thread_quiet
+from autotune.core.compiling import NOT_PROBED
 from autotune.core.errors import (
     BaselineFailed,
     ClusterLost,
@@ -67,6 +68,7 @@ from autotune.record.study import (
 )
 from autotune.record.vet import check_studies
 from autotune.report.events import Emit, Note, ignore
+from autotune.report.trackers import Trackers
 from autotune.script.job import ScriptJob, script_job
 from autotune.search.assembly import Assembly, assemble
 from autotune.search.screening import ruled_out
@@ -94,6 +96,7 @@ class RunRequest:
     sigterm: bool = False
     """Stop on SIGTERM as on Ctrl-C (the CLI sets it; call ``run`` from the main thread): held
     while Ray starts and from the export on (the summary then says ``terminated``)."""
+    log_to: list[str] = field(default_factory=list)  # --log-to TRACKER (report.trackers)
 
 
 @dataclass
@@ -114,7 +117,7 @@ class RunSummary:
 
 def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
     """Run the study ``req`` asks for; ``emit`` receives what happens (None: nothing)."""
-    emit = emit or ignore
+    emit = sink = Trackers(emit or ignore, req.log_to)  # checked now, opened with the study
     # 1. Everything checkable without side effects.
     d, workload, space, storage_url = _checked(req)
     # 2. Ray and the ranks' placement groups.
@@ -144,13 +147,16 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
             emit(Note(f"Measuring {len(runners)} trials at once, each in its own placement group "
                       f"({target.world_size} ranks, {plan.cpus_per_rank} CPU(s) each, "
                       f"--placement {d.placement})"))  # fmt: skip
+        measure = RayMeasurer(study=study, runners=runners, definition=d, target=target)
         run = assemble(
-            study=study, space=resolved, definition=d,
-            measure=RayMeasurer(study=study, runners=runners, definition=d),
+            study=study, space=resolved, definition=d, measure=measure,
             emit=emit, started=req.started, tick=tick,
             tokens_per_sample=workload.tokens_per_sample, logs=logs,
         )  # fmt: skip
+        # room for the job as it runs today, the defaults and the winner, in new processes
+        run.budget.as_is_arms = 3 if measure.as_is_reason() is None else 0
         summary = RunSummary(study_name=name, storage_url=storage_url, profile_path=None)
+        sink.open(study, req.run_dir, d, summary)  # the result: what the summary holds at close
         _search_and_conclude(run, summary, logs / "limit", target, emit)
         # 8. The profile, written whole: a SIGTERM from here on is held (and said afterwards).
         _hold_sigterm(req)
@@ -161,6 +167,7 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
         for r in runners:
             r.close()
         close()
+        sink.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     if req.sigterm and Terminated.received and not summary.interrupted:
@@ -214,7 +221,7 @@ def _checked(req: RunRequest) -> tuple[StudyDefinition, Workload | ScriptJob, Se
     storage_url = req.storage_url or storage_mod.default_url(req.run_dir)
     check_writable(req.run_dir, flag="--run-dir", directory=True)
     if req.profile_path is not None:
-        check_writable(req.profile_path, flag="--profile", directory=False)
+        check_writable(req.profile_path, flag="--output", directory=False)
     if req.study_name is not None:
         check_study_name(req.study_name)
     if req.storage_url is not None:
@@ -352,6 +359,7 @@ def _place(d: StudyDefinition, workload: Workload | ScriptJob
             cpus_per_rank=max(1, min(plan.cpus_per_rank, hw["cpus"] // ranks_per_node)),
             bf16=hw["bf16"], bf16_native=bool(hw.get("bf16_native")), tf32=hw["tf32"],
             free_batch=d.free_batch, ranks_per_node=ranks_per_node,
+            compile_problem=hw.get("compile_problem", NOT_PROBED),
         )  # fmt: skip
     except BaseException:
         for r in runners:

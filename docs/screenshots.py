@@ -1,8 +1,8 @@
 """Make the README's pictures from a real run: the live display, the report, the dashboard.
 
-    python docs/screenshots.py     # ~2 minutes: docs/images/{live.svg,report.png,dashboard.png}
+    python docs/screenshots.py     # ~4 minutes: docs/images/{live.svg,report.png,dashboard.png}
 
-1. ``autotune run --study quick --budget 60s`` runs in this process on a real local Ray
+1. ``autotune run --space default --budget 3m`` (the README's run) runs in this process on a real local Ray
    instance with real gloo ranks. Its display is the command's own (``progress.RunView``) on a
    recording rich console; after the fourth trial, the log so far and the live status under it
    are drawn to ``live.svg``.
@@ -10,6 +10,10 @@
    takes a picture of its first screen: ``report.png``.
 3. ``autotune dashboard`` serves the study, and Chromium takes a picture of its trials page:
    ``dashboard.png``.
+
+The pictures are kept only when the run found something: a re-validated profile whose 95 %
+interval lies above 1.0x (``found``). A null result - the report's first screen saying "keep
+the defaults" - says why and leaves the images as they are; run it again.
 
 Needs ``pip install -e '.[test]'`` (selenium) and Chromium with its ChromeDriver
 (``apt-get install chromium chromium-driver``; ``CHROMIUM`` and ``CHROMEDRIVER`` choose others).
@@ -36,18 +40,18 @@ WIDTH = 118  # columns of the terminal picture
 SNAPSHOT_AFTER = 4  # finished trials
 
 
-def live_picture(home: Path) -> str:
+def live_picture(home: Path, out: Path):
     """Run the study with the command's own display on a recording console; draw it after
-    ``SNAPSHOT_AFTER`` trials. Returns the study's name."""
+    ``SNAPSHOT_AFTER`` trials into ``out``. Returns the study's name and the study."""
     from rich.console import Console, Group
     from rich.text import Text
 
+    from autotune.definition.studydef import StudyDefinition
     from autotune.report import events
     from autotune.report.progress import RunView
-    from autotune.definition.studydef import StudyDefinition
     from autotune.tuner import RunRequest, run
 
-    d = StudyDefinition.load("quick").override(budget_s=60.0)
+    d = StudyDefinition.load("default").override(budget_s=180.0)
     screen = Console(record=True, width=WIDTH, force_terminal=True, color_system="truecolor")
     lines: list[Text] = []
     finished = 0
@@ -69,20 +73,34 @@ def live_picture(home: Path) -> str:
         if isinstance(event, events.TrialFinished):
             finished += 1
             if finished == SNAPSHOT_AFTER:
-                screen.print(Text("$ autotune run --study quick --budget 60s", style="bold"))
+                screen.print(Text("$ autotune run --space default --budget 3m", style="bold"))
                 left = [t for t in lines if t.plain.startswith("  - ")]
                 shown = [t for t in lines if not t.plain.startswith("  - ")]
                 at = next(i for i, t in enumerate(shown) if t.plain.startswith("Left out")) + 1
                 shown.insert(at, Text(f"  ... {len(left)} knobs, each with its reason"))
                 screen.print(Group(*shown))
                 screen.print(view.status())
-                screen.save_svg(str(IMAGES / "live.svg"), title="autotune run")
+                screen.save_svg(str(out / "live.svg"), title="autotune run")
 
     req = RunRequest(definition=d, run_dir=home, study_name=None, storage_url=None,
                      address=None, profile_path=None, sigterm=False)  # fmt: skip
     with view:
         summary = run(req, emit=emit)
-    return summary.study_name
+    return summary.study_name, summary.study
+
+
+def found(study) -> str | None:
+    """Why the run's result is not worth a picture (None: it found something): its profile
+    must be re-validated, with the low end of its speedup's 95 % interval above 1.0."""
+    from autotune.profile.export import study_profile
+
+    if study is None:
+        return "the run left no study"
+    measured = study_profile(study).measured
+    ci = measured.get("speedup_interval")
+    if not measured.get("validation") or not ci or ci[0] is None or ci[0] <= 1.0:
+        return f"the run found nothing beyond the noise ({study_profile(study).headline()})"
+    return None
 
 
 def browser():
@@ -111,7 +129,12 @@ def main() -> int:
         home = Path(tmp) / "home"
         env = {**os.environ, "AUTOTUNE_HOME": str(home)}
         os.environ["AUTOTUNE_HOME"] = str(home)
-        study = live_picture(home)
+        shots = Path(tmp) / "images"
+        shots.mkdir()
+        study, record = live_picture(home, shots)
+        if (why := found(record)) is not None:
+            print(f"screenshots: {why}; the images are left as they are: run it again")
+            return 1
         subprocess.run([AUTOTUNE, "report", "--study-name", study, "-o", f"{tmp}/report"],
                        env=env, check=True, capture_output=True)  # fmt: skip
         port = free_port()
@@ -121,7 +144,7 @@ def main() -> int:
         try:
             driver.get(f"file://{tmp}/report/report.html")
             time.sleep(2)
-            driver.save_screenshot(str(IMAGES / "report.png"))
+            driver.save_screenshot(str(shots / "report.png"))
             address = server.stdout.readline().split(" at ")[1].split()[0]
             deadline = time.monotonic() + 60
             while True:
@@ -134,11 +157,13 @@ def main() -> int:
                     time.sleep(0.3)
             driver.get(address)
             time.sleep(6)  # the single-page app draws its charts
-            driver.save_screenshot(str(IMAGES / "dashboard.png"))
+            driver.save_screenshot(str(shots / "dashboard.png"))
         finally:
             driver.quit()
             server.terminate()
             server.wait(timeout=10)
+        for name in ("live.svg", "report.png", "dashboard.png"):
+            shutil.copyfile(shots / name, IMAGES / name)
     for name in ("live.svg", "report.png", "dashboard.png"):
         print(IMAGES / name, (IMAGES / name).stat().st_size, "bytes")
     return 0

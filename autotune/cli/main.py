@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
+from autotune.cli import grammar
 from autotune.cli import study as cli_study
 from autotune.cli import tools as cli_tools
 from autotune.cli.study import default_run_dir
@@ -32,9 +33,7 @@ from autotune.core.errors import (
 )
 from autotune.definition import settings
 from autotune.definition.studydef import StudyDefinition
-from autotune.limit.probe import summary_line
-from autotune.record.attrs import LimitRecord, StopRecord, load_readable
-from autotune.record.storage import display_url
+from autotune.script.compare import add_compare_parser
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_USAGE", "Parser", "build_parser", "default_run_dir", "main"]
 
@@ -78,13 +77,27 @@ def version_line() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="autotune", description=DESCRIPTION)
-    p.add_argument("--version", action="version", version=version_line())
-    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+    p = Parser(prog="autotune", description=DESCRIPTION, epilog=EPILOG)
+    p.add_argument(
+        "--version", action="version", version=version_line(),
+        help="print the release and the versions a bug report needs, and exit",
+    )  # fmt: skip
+    p.set_defaults(action=grammar.print_help_of(p))  # bare `autotune`: the help, exit 0
+    sub = p.add_subparsers(
+        dest="command", title="commands", metavar="COMMAND", parser_class=Parser,
+        help="`autotune COMMAND --help` describes one",
+    )  # fmt: skip
     _add_run(sub)
     cli_study.add_commands(sub)
     cli_tools.add_commands(sub)
+    add_compare_parser(sub)
     return p
+
+
+EPILOG = (
+    "--study names a study definition (a file in studies/ or a YAML file) and --study-name a "
+    "stored study, in every command; -o/--output is what a command writes."
+)
 
 
 def _add_run(sub: Any) -> None:
@@ -96,6 +109,7 @@ def _add_run(sub: Any) -> None:
     r.add_argument(
         "--study",
         default="default",
+        metavar="NAME|FILE",
         help="study definition: a name from studies/ or a YAML file (default: default)",
     )
     settings.add_flags(
@@ -107,26 +121,53 @@ def _add_run(sub: Any) -> None:
         ),
         StudyDefinition,
     )
-    out = r.add_argument_group("where and how it runs")
+    _add_where(r.add_argument_group("where and how it runs"))
+    r.add_argument(
+        "cmd",
+        nargs=argparse.REMAINDER,
+        metavar="-- CMD ...",
+        help="script mode: -- CMD ... runs your own training command as each trial (e.g. -- "
+        "torchrun --nproc-per-node 2 train.py); needs --global-batch",
+    )
+    r.set_defaults(action=cmd_run)
+
+
+def _add_where(out: Any) -> None:
+    """``run``'s flags of where it runs and writes: the study's name and storage, the run
+    directory, the Ray cluster, the profile's path, the display."""
     out.add_argument(
         "--study-name",
+        metavar="NAME",
         help="Optuna study name (default: derived from the study "
         "definition, trainer, backend and world size); an existing one is resumed",
     )
-    out.add_argument("--storage", help="Optuna RDB URL (default: sqlite in the run directory)")
+    out.add_argument("--storage", metavar="URL", help=grammar.STORAGE_HELP)
     out.add_argument(
         "--run-dir",
         type=Path,
+        metavar="DIR",
         help="where the database and profiles go (default: $AUTOTUNE_HOME or ~/.autotune)",
     )
     out.add_argument(
         "--address",
-        help="join this Ray cluster (auto or HOST:PORT) instead of starting a local instance",
+        metavar="auto|HOST:PORT",
+        help="join this Ray cluster instead of starting a local instance: auto (the cluster "
+        "`ray start` runs on this machine) or its GCS address HOST:PORT (e.g. 10.0.0.1:6379); "
+        "without it, RAY_ADDRESS is read the same way (`ray job submit` sets it). Ray Client "
+        "(ray://) and the dashboard's http://HOST:8265 are refused, naming the form to use",
+    )
+    grammar.add_output(
+        out,
+        "where to write the profile YAML (default: RUN_DIR/profiles/STUDY_NAME.yaml)",
+        old=("--profile",),
     )
     out.add_argument(
-        "--profile",
-        type=Path,
-        help="where to write the profile YAML (default: RUN_DIR/profiles/STUDY_NAME.yaml)",
+        "--log-to",
+        action="append",
+        default=[],
+        metavar="TRACKER",
+        help="also record each trial and the run's result in mlflow, wandb or tensorboard "
+        "(repeatable or comma-separated; docs/trackers.md)",
     )
     out.add_argument(
         "--quiet",
@@ -134,18 +175,12 @@ def _add_run(sub: Any) -> None:
         help="no live display: one plain line per trial, for logs (also when stdout is "
         "not a terminal)",
     )
-    r.add_argument(
-        "cmd",
-        nargs=argparse.REMAINDER,
-        help="script mode: -- CMD ... runs your own training command as each trial (e.g. -- "
-        "torchrun --nproc-per-node 2 train.py); needs --global-batch",
-    )
-    r.set_defaults(action=cmd_run)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from autotune.launch.address import check_address
     from autotune.report.progress import RunView
     from autotune.tuner import RunRequest, run
 
@@ -158,6 +193,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "autotune run [options] -- CMD ..."
             )
         d = dataclasses.replace(d, command=tuple(args.cmd[1:]))
+    check_address(args.address)  # ray:// and http://: refused before anything starts
     # A terminal gets the live display; --quiet or a log file gets plain lines.
     console = Console(force_terminal=False) if args.quiet else Console()
     req = RunRequest(
@@ -166,7 +202,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         study_name=args.study_name,
         storage_url=args.storage,
         address=args.address,
-        profile_path=args.profile,
+        profile_path=args.output,
+        log_to=args.log_to,
         sigterm=True,
         started=STARTED,
     )
@@ -176,7 +213,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         with RunView(console, budget_s=d.budget_s) as view:
-            summary = run(req, emit=view)
+            summary = run(req, emit=_with_plan(view, d))
         _print_summary(console, summary)
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -190,6 +227,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _with_plan(view: Any, d: StudyDefinition) -> Any:
+    """``view``, which also shows the re-validation's plan once the study is open."""
+    from autotune.report.events import Note, StudyOpened
+
+    def emit(event: Any) -> None:
+        view(event)
+        if isinstance(event, StudyOpened):
+            view(Note(validation_line(d)))
+
+    return emit
+
+
+def validation_line(d: StudyDefinition) -> str:
+    """The re-validation the run plans, as the budget will fit it: said at the start, since
+    the numbers shown as defaults are what is aimed for, not what is run."""
+    from autotune.definition.durations import format_duration
+    from autotune.search.budget import MAX_ROUNDS
+
+    if d.multi_objective:
+        return "Re-validation: none (throughput,memory: the profile is chosen from the front)"
+    if d.validate_top == 0:
+        return "Re-validation: none (--validate-top 0: the search's best is exported as is)"
+    return (
+        f"Re-validation: up to {d.validate_top} candidates x {d.validate_rounds} rounds against "
+        f"the baseline, fitted to a third of the {format_duration(d.budget_s)} budget once a "
+        f"trial's time is known (fewer when short, up to {MAX_ROUNDS} rounds when it has room)"
+    )
+
+
 def _exported_line(path: Path) -> str:
     """What the exported profile says, in one line: the speedup it stands for and on what."""
     from autotune.profile.profile import Profile
@@ -198,6 +264,10 @@ def _exported_line(path: Path) -> str:
 
 
 def _print_summary(console: Any, summary: Any) -> None:
+    from autotune.core.values import number
+    from autotune.limit.probe import summary_line
+    from autotune.record.attrs import LimitRecord, StopRecord, ValidationRecord, load_readable
+    from autotune.record.storage import display_url
     from autotune.report.progress import failure_line, summary_table
 
     def say(text: str) -> None:
@@ -216,14 +286,18 @@ def _print_summary(console: Any, summary: Any) -> None:
         say(failed)
     if summary.baseline and summary.best:
         say(
-            f"Search     baseline {summary.baseline:.1f} samples/s, best single trial "
-            f"{summary.best:.1f} samples/s ({summary.best / summary.baseline:.2f}x)"
+            f"Search     baseline {number(summary.baseline)} samples/s, best single trial "
+            f"{number(summary.best)} samples/s ({summary.best / summary.baseline:.2f}x)"
         )
     stop = None if summary.study is None else load_readable(summary.study, StopRecord)
     if stop is not None:
         say(f"Stopped    {stop.line().removeprefix('Search stopped ')}")
     if summary.profile_path:
         say(f"Exported   {_exported_line(summary.profile_path)}")
+    checked = None if summary.study is None else load_readable(summary.study, ValidationRecord)
+    if checked is not None and checked.as_is is not None:  # the user's job as it runs today
+        knobs = checked.speedup if checked.beats_baseline else None
+        say(f"As today   {checked.as_is.line(knobs)}")
     limit = None if summary.study is None else load_readable(summary.study, LimitRecord)
     if limit is not None and (line := summary_line(limit.probes())):
         say(f"Limit      {line.removeprefix('Limit: ')}")

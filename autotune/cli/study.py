@@ -12,11 +12,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from autotune.adapters import FORMATS, render
+from autotune.cli.grammar import add_output, add_study_source
 from autotune.core.errors import ConfigError
+from autotune.core.files import replace_whole
 from autotune.definition.paths import check_writable, file_stem
 from autotune.record.storage import display_url
 
-__all__ = ["add_commands", "default_run_dir", "load_study", "storage_url"]
+__all__ = ["add_commands", "default_run_dir", "load_study", "only_study", "storage_url"]
 
 
 def default_run_dir() -> Path:
@@ -26,31 +29,44 @@ def default_run_dir() -> Path:
 
 def add_commands(sub: Any) -> None:
     """The study commands, on the ``autotune`` parser's subcommands ``sub``."""
-    e = sub.add_parser("export", help="write the best profile of an existing study")
-    e.add_argument("--study-name", required=True)
-    e.add_argument("--storage", help="Optuna RDB URL (default: sqlite in the run directory)")
-    e.add_argument("--run-dir", type=Path)
-    e.add_argument("-o", "--output", type=Path, help="profile path (default: stdout)")
+    e = sub.add_parser(
+        "export",
+        help="write the best profile of an existing study",
+        description="Write the profile of a stored study: its chosen configuration, or "
+        "COMPLETE trial N.",
+    )
+    add_study_source(e, "the study to export (default: the only study in the storage)")
+    add_output(e, "profile path (default: stdout)")
     e.add_argument(
         "--trial",
         type=int,
         metavar="N",
         help="export COMPLETE trial N instead of the chosen one (e.g. another Pareto point)",
     )
+    e.add_argument(
+        "--format",
+        choices=["profile", *FORMATS],
+        default="profile",
+        help="profile: the YAML profile (default); lightning, accelerate, hf-trainer: a Python "
+        "snippet that applies it in that framework (docs/frameworks.md)",
+    )
     e.set_defaults(action=cmd_export)
 
-    rp = sub.add_parser("report", help="write an HTML report and PNG figures of a study")
-    _study_source(rp, "the study (default: the only study in the storage)")
-    rp.add_argument(
-        "-o",
-        "--output",
-        type=Path,
-        help="directory for report.html and the PNGs (default: RUN_DIR/reports/STUDY_NAME)",
+    rp = sub.add_parser(
+        "report",
+        help="write an HTML report and PNG figures of a study",
+        description="Write report.html and one PNG per figure of a stored study.",
     )
+    add_study_source(rp, "the study to report (default: the only study in the storage)")
+    add_output(rp, "directory for report.html and the PNGs (default: RUN_DIR/reports/STUDY_NAME)")
     rp.set_defaults(action=cmd_report)
 
-    db = sub.add_parser("dashboard", help="open the study storage in optuna-dashboard")
-    _study_source(db, "print the address of this study's page (the server shows every study)")
+    db = sub.add_parser(
+        "dashboard",
+        help="open the study storage in optuna-dashboard",
+        description="Serve the study storage in optuna-dashboard (every study in it).",
+    )
+    add_study_source(db, "print the address of this study's page (the server shows every study)")
     db.add_argument(
         "--host", default="127.0.0.1",
         help="address to listen on (default 127.0.0.1); one beyond loopback needs --expose",
@@ -62,13 +78,6 @@ def add_commands(sub: Any) -> None:
         "anyone who reaches it can delete and rename studies",
     )  # fmt: skip
     db.set_defaults(action=cmd_dashboard)
-
-
-def _study_source(p: argparse.ArgumentParser, study_help: str) -> None:
-    """--study-name (alias --study), --storage and --run-dir: which study, where."""
-    p.add_argument("--study-name", "--study", dest="study_name", help=study_help)
-    p.add_argument("--storage", help="Optuna RDB URL (default: sqlite in the run directory)")
-    p.add_argument("--run-dir", type=Path)
 
 
 def storage_url(args: argparse.Namespace) -> str:
@@ -97,13 +106,36 @@ def load_study(url: str, name: str) -> Any:
         ) from None
 
 
+def only_study(url: str, name: str | None, verb: str) -> str:
+    """The study a command reads: ``name`` (``--study-name``), else the storage's only one; a
+    storage of several (or none) is an error listing them."""
+    import optuna
+
+    if name is not None:
+        return name
+    names = [s.study_name for s in optuna.get_all_study_summaries(url)]
+    if len(names) != 1:
+        raise ConfigError(
+            f"--study-name: {display_url(url)} holds {len(names)} studies "
+            f"({', '.join(names) or 'none'}); name the one to {verb} with --study-name NAME"
+        )
+    return names[0]
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from autotune.profile.export import export_profile, study_profile
 
     if args.output:
         check_writable(args.output, flag="--output", directory=False)
-    study = load_study(storage_url(args), args.study_name)
-    if args.output:
+    url = storage_url(args)
+    study = load_study(url, only_study(url, args.study_name, "export"))
+    if args.format != "profile":
+        text = render(study_profile(study, trial=args.trial), args.format)
+        if not args.output:
+            sys.stdout.write(text)
+            return 0
+        print(replace_whole(args.output, lambda f: f.write(text.encode()), ordinary_mode=True))
+    elif args.output:
         print(export_profile(study, args.output, trial=args.trial))
     else:
         sys.stdout.write(study_profile(study, trial=args.trial).to_yaml())
@@ -111,20 +143,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    import optuna
-
     from autotune.report import report
 
     url = storage_url(args)
-    name = args.study_name
-    if name is None:
-        names = [s.study_name for s in optuna.get_all_study_summaries(url)]
-        if len(names) != 1:
-            raise ConfigError(
-                f"--study-name: {display_url(url)} holds {len(names)} studies "
-                f"({', '.join(names) or 'none'}); name the one to report"
-            )
-        name = names[0]
+    name = only_study(url, args.study_name, "report")
     study = load_study(url, name)
     if not study.trials:
         raise ConfigError(f"--study-name {name}: the study has no trials yet; run it first")

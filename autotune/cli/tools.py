@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from autotune.cli.grammar import print_help_of
 from autotune.core.errors import ConfigError
 from autotune.definition.paths import check_command
 
@@ -23,7 +24,7 @@ def add_commands(sub: Any) -> None:
     v = sub.add_parser(
         "env", help="print a profile's environment as shell export lines (quoted, for eval)"
     )
-    v.add_argument("profile", type=Path)
+    v.add_argument("profile", type=Path, help="the profile YAML (autotune run's -o/--output)")
     v.set_defaults(action=cmd_env)
 
     la = sub.add_parser(
@@ -31,15 +32,21 @@ def add_commands(sub: Any) -> None:
         help="become a command (exec) with a profile's environment applied",
         usage="autotune launch PROFILE -- COMMAND [ARGS...]",
     )
-    la.add_argument("profile", type=Path)
-    la.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+    la.add_argument("profile", type=Path, help="the profile YAML (autotune run's -o/--output)")
+    la.add_argument(
+        "cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+        help="the command to become, after -- (e.g. -- torchrun --nproc-per-node 2 train.py)",
+    )  # fmt: skip
     la.set_defaults(action=cmd_launch)
 
     lab = sub.add_parser(
         "lab", help="a multi-node Ray cluster on this machine: namespaces and a shaped link"
     )
-    lab.set_defaults(action=cmd_lab)
-    lab_sub = lab.add_subparsers(dest="lab_command", required=True, parser_class=type(lab))
+    lab.set_defaults(action=print_help_of(lab))  # bare `autotune lab`: its help, exit 0
+    lab_sub = lab.add_subparsers(
+        dest="lab_command", title="lab commands", metavar="LAB_COMMAND", parser_class=type(lab),
+        help="`autotune lab LAB_COMMAND --help` describes one",
+    )  # fmt: skip
     lu = lab_sub.add_parser("up", help="build the lab and start Ray on every node (root)")
     lu.add_argument("--nodes", type=int, default=2, help="Ray nodes, one namespace each (2)")
     lu.add_argument("--rate", default="1gbit", help="each node's link, as tc writes it (1gbit)")
@@ -48,13 +55,20 @@ def add_commands(sub: Any) -> None:
         type=int,
         help="CPUs each Ray node offers (default: this machine's cores / nodes)",
     )
-    lab_sub.add_parser("down", help="stop the lab's processes and delete its namespaces")
-    lab_sub.add_parser("status", help="what exists of the lab")
+    lu.set_defaults(action=cmd_lab)
+    lab_sub.add_parser(
+        "down", help="stop the lab's processes and delete its namespaces"
+    ).set_defaults(action=cmd_lab)
+    lab_sub.add_parser("status", help="what exists of the lab").set_defaults(action=cmd_lab)
     le = lab_sub.add_parser(
         "exec", help="run a command in a node's namespace, RAY_ADDRESS set to the lab's head"
     )
     le.add_argument("--node", type=int, default=0, help="which node's namespace (0: the head)")
-    le.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
+    le.add_argument(
+        "cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...",
+        help="the command to run in the node's namespace, after --",
+    )  # fmt: skip
+    le.set_defaults(action=cmd_lab)
 
     sp = sub.add_parser("spaces", help="list the built-in search spaces and the knobs they may use")
     sp.set_defaults(action=cmd_spaces)

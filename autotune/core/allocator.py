@@ -30,7 +30,16 @@ from collections.abc import Mapping
 
 from autotune.core.values import int_range
 
-__all__ = ["ENV", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "legal_mmap", "legal_trim", "pin", "trim"]
+__all__ = [
+    "ENV",
+    "MMAP_THRESHOLD",
+    "TRIM_THRESHOLD",
+    "legal_mmap",
+    "legal_trim",
+    "pin",
+    "pinned",
+    "trim",
+]
 
 #: ``M_MMAP_THRESHOLD``: glibc's largest (32 MiB on 64-bit), so gradients, activations and
 #: buckets up to that size come from the heap, not a fresh mmap.
@@ -62,6 +71,47 @@ def pin(env: Mapping[str, str] = ENV) -> bool:
         if name in env:
             ok = bool(mallopt(option, int(env[name]))) and ok
     return ok
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (glibc 2.33 on): ten ``size_t`` counters."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                     "uordblks", "fordblks", "keepcost")
+    ]  # fmt: skip
+
+
+#: The block ``pinned`` asks for: under the pinned mmap threshold, far over glibc's starting
+#: 128 KiB (which only grows as the process frees mmapped blocks that large).
+PROBE_BYTES = MMAP_THRESHOLD - 2**20
+
+
+def pinned() -> bool | None:
+    """Whether glibc's mmap threshold is pinned in this process now, seen in what glibc does,
+    not in what was asked of it: a block of ``PROBE_BYTES`` comes from the heap when pinned and
+    from a fresh mmap while the threshold is still glibc's own. Meant for a new process (the
+    re-validation's rank processes, before any workload: the job as it runs today must run
+    unpinned, the arms it is compared with pinned); a process that has freed mmapped blocks
+    that large has raised its own threshold and reads as pinned. None off glibc or before
+    glibc 2.33 (no ``mallinfo2``)."""
+    try:
+        libc = ctypes.CDLL(None)
+        info, malloc, free = libc.mallinfo2, libc.malloc, libc.free
+    except (OSError, AttributeError):
+        return None
+    info.restype = _MallInfo2
+    malloc.restype, malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    free.argtypes = [ctypes.c_void_p]
+    before = info().hblks
+    block = malloc(PROBE_BYTES)
+    if not block:
+        return None
+    mapped = info().hblks > before
+    free(block)
+    trim()
+    return not mapped
 
 
 def trim() -> None:

@@ -8,15 +8,16 @@ implementation to drift.
 Contract:
 
 * Each function takes the configuration's own values, as ``TrialConfig`` and the profile hold
-  them (``ddp`` kwargs, ``comm_hook`` mapping, ``data`` kwargs, ``precision`` name, micro-batch,
-  accumulation steps), and nothing else from it.
+  them (``ddp`` kwargs with ``compile``, ``comm_hook`` mapping, ``data`` kwargs, ``precision``
+  name, micro-batch, accumulation steps), and nothing else from it.
 * ``set_threads`` and ``set_tf32`` change the process; they set every flag they own, so that a
   process running trial after trial (the launcher's pool) never keeps an earlier trial's value.
   Every other function only builds or wraps the objects it is given or returns.
 * Nothing here measures, reads files, prints or changes environment variables (those are put in
   the process before it starts: ``Profile.apply_env``, ``autotune launch``, Ray); the one
-  exception is ``drain_torch_threads``, which ``wrap`` registers to run at exit and which reads
-  the process's own thread states in ``/proc``.
+  exceptions are ``drain_torch_threads``, which ``wrap`` registers to run at exit and which reads
+  the process's own thread states in ``/proc``, and ``compile_model``, which looks for the C++
+  compiler on ``PATH`` before it compiles (``core.compiling.problem``).
 * ``torch`` is imported inside the functions, so that importing ``autotune`` stays light.
 """
 
@@ -29,9 +30,13 @@ import time
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
+from autotune.core import compiling
+from autotune.core.validate import check_compile
+
 __all__ = [
     "autocast",
     "autocast_dtype",
+    "compile_model",
     "dataloader_kwargs",
     "drain_torch_threads",
     "grad_scaler",
@@ -48,6 +53,8 @@ __all__ = [
 DRAIN_TIMEOUT_S = 5.0
 DRAIN_QUIET_LOOKS = 3
 _DRAINING: list[bool] = []  # registered with atexit (once per process)
+#: DDP's own ``bucket_cap_mb`` default.
+DDP_BUCKET_MB = 25.0
 
 #: The process's own TF32 flags (matmul, cuDNN), read the first time ``set_tf32`` runs in the
 #: process and restored for every configuration that does not ask for TF32.
@@ -130,15 +137,44 @@ def wrap(
 ) -> Any:
     """``DistributedDataParallel(model)`` with the configuration's kwargs and its comm hook
     registered. ``extra_ddp_kwargs`` (``device_ids=[local_rank]``) go to DDP too and win over
-    the configuration's. The default process group must exist."""
+    the configuration's. ``ddp_kwargs["compile"]``, a ``torch.compile`` mode, is not DDP's: the
+    model is compiled first (``compile_model``) and DDP wraps the compiled module, so what is
+    returned is a ``DistributedDataParallel`` all the same (``no_sync``, ``module``, hooks).
+    The default process group must exist."""
     from torch.nn.parallel import DistributedDataParallel
 
-    ddp = DistributedDataParallel(model, **{**ddp_kwargs, **extra_ddp_kwargs})
+    kwargs = {**ddp_kwargs, **extra_ddp_kwargs}
+    mode = kwargs.pop("compile", compiling.NONE)
+    model = compile_model(model, mode, kwargs.get("bucket_cap_mb", DDP_BUCKET_MB))
+    ddp = DistributedDataParallel(model, **kwargs)
     register_comm_hook(ddp, comm_hook)
     if not _DRAINING and threading.current_thread() is threading.main_thread():
         _DRAINING.append(True)
         atexit.register(drain_torch_threads)
     return ddp
+
+
+def compile_model(model: Any, mode: str, bucket_cap_mb: Any = DDP_BUCKET_MB) -> Any:
+    """``torch.compile(model, mode=mode, dynamic=False)``, or ``model`` itself for ``none``;
+    a mode this process cannot run on the model's device (or with DDP buckets of
+    ``bucket_cap_mb``) is a ``ConfigError`` with the reason (``validate.check_compile``).
+
+    Compiled before DDP wraps it, not ``torch.compile(DDP(model))``: in torch 2.13 Dynamo skips
+    DDP's own forward, and a model whose forward is torch's own code (``nn.Sequential``, as the
+    built-in MLP's) is then never compiled, silently (seen here: no graph captured); wrapped
+    the other way every model is. DDP's forward sets the module Dynamo's ``DDPOptimizer`` reads,
+    so the graph is still split at DDP's buckets and the all-reduce overlaps the backward.
+    ``dynamic=False``: every step has the same shapes (``drop_last``), and a shape that changes
+    recompiles rather than turning the graph symbolic. Compilation happens at the first forward
+    and backward, in the caller's warm-up."""
+    if mode == compiling.NONE:
+        return model
+    import torch
+
+    first = next(iter(model.parameters()), None)
+    device = "cpu" if first is None else first.device.type
+    check_compile(mode, device, bucket_cap_mb)
+    return torch.compile(model, mode=mode, dynamic=False)
 
 
 def _torch_thread_running(tasks: str = "/proc/self/task") -> bool:

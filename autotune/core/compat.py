@@ -30,6 +30,15 @@ API does the job. ``pyproject.toml`` bounds both packages from above, and
   the logger of its private module ``ray._private.worker``, that it set no SIGTERM handler:
   autotune sets its own on purpose. No public option silences that one line; a filter on that
   logger drops exactly it while the call runs.
+* ``reread_ray_config()``: Ray reads its public variable ``RAY_AUTH_MODE`` into the process's
+  config once, when it is first imported; a driver that sets it later (a local instance's
+  token authentication, set explicitly so that Ray does not warn it turned it on by default)
+  has Ray read it again with ``ray._raylet.Config.initialize("")``, as ``ray.init`` itself
+  does where it turns token authentication on. Ray has no public call for it.
+* ``compiled_graphs()``: the graphs Dynamo has captured in this process
+  (``torch._dynamo.utils.counters["stats"]["unique_graphs"]``, recompiles included). A rank
+  reads it before and after a compiled trial's steps, to say that the model was compiled and
+  that nothing compiled inside the timed windows; ``torch.compiler`` has no public counter.
 """
 
 from __future__ import annotations
@@ -43,10 +52,12 @@ __all__ = [
     "STUDY_TRIALS_METHOD",
     "bootstrap_address",
     "call_study_trials",
+    "compiled_graphs",
     "ddp_bucket_bytes",
     "ddp_logging",
     "loopback_node_ip",
     "ray_off_main_thread_quiet",
+    "reread_ray_config",
 ]
 
 #: The logger of Ray's module that warns, off the main thread, that it set no SIGTERM handler.
@@ -105,6 +116,13 @@ def ray_off_main_thread_quiet() -> Iterator[None]:
         worker_log.removeFilter(keep)
 
 
+def reread_ray_config() -> None:
+    """Ray reads its configuration from the environment again (``RAY_AUTH_MODE`` among it)."""
+    from ray._raylet import Config
+
+    Config.initialize("")
+
+
 def ddp_logging(ddp: Any) -> dict[str, Any]:
     """DDP's record of itself (``_get_ddp_logging_data``): ``comm_hook``, the bucket sizes."""
     return dict(ddp._get_ddp_logging_data())
@@ -116,3 +134,14 @@ def ddp_bucket_bytes(ddp: Any) -> list[int]:
     data = ddp_logging(ddp)
     sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or ""
     return [int(b) for b in str(sizes).replace(",", " ").split()]
+
+
+def compiled_graphs() -> int | None:
+    """Graphs Dynamo captured in this process so far (module doc); None where the counter is
+    not there (another torch)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return None
+    value = counters.get("stats", {}).get("unique_graphs", 0)
+    return int(value) if isinstance(value, int) else None

@@ -6,7 +6,8 @@ into the settings each rank applies where they act:
 * ``env``: process environment (``NCCL_*``, ``OMP_NUM_THREADS``, and glibc's allocator pinned
   in every trial alike, ``autotune.core.allocator.ENV``), put in every rank's process when Ray
   starts it, before the process group exists;
-* ``ddp``: ``DistributedDataParallel`` kwargs, plus ``comm_hook`` registered after wrapping;
+* ``ddp``: ``DistributedDataParallel`` kwargs, plus ``comm_hook`` registered after wrapping, and
+  ``compile`` (a ``torch.compile`` mode, only when not ``none``) applied before wrapping;
 * ``data``: ``DataLoader`` kwargs;
 * ``precision``: autocast dtype and GradScaler (or TF32 matmuls);
 * ``batch``: micro-batch per rank and the accumulation steps that keep the global batch.
@@ -19,12 +20,13 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 from autotune.core import allocator
+from autotune.core.compiling import NONE
 from autotune.core.errors import ConfigError
 from autotune.core.knobs import KNOBS, UNSET
 from autotune.core.target import Target
 from autotune.core.validate import FILE_FIX, check_config
 
-__all__ = ["TrialConfig"]
+__all__ = ["TrialConfig", "as_it_runs"]
 
 #: How a study's configuration that fails the check is dealt with.
 STUDY_FIX = "autotune never stores this: the study is not one to run; start a new study"
@@ -40,7 +42,7 @@ class TrialConfig:
     env: dict[str, str] = field(default_factory=dict)
     """Environment variables of every rank process."""
     ddp: dict[str, Any] = field(default_factory=dict)
-    """DistributedDataParallel kwargs."""
+    """DistributedDataParallel kwargs, and ``compile`` (``core.apply.wrap`` takes it out)."""
     comm_hook: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     """``{name: none|fp16|bf16|powersgd, ...}`` with PowerSGD's options."""
     data: dict[str, Any] = field(default_factory=dict)
@@ -77,16 +79,19 @@ class TrialConfig:
         if values["num_workers"] > 0:
             data["prefetch_factor"] = values["prefetch_factor"]
             data["persistent_workers"] = values["persistent_workers"]
+        ddp: dict[str, Any] = {
+            "bucket_cap_mb": float(values["bucket_cap_mb"]),
+            "gradient_as_bucket_view": values["gradient_as_bucket_view"],
+            "static_graph": values["static_graph"],
+        }
+        if values.get("compile", NONE) != NONE:  # not a DDP kwarg: core.apply.wrap takes it out
+            ddp["compile"] = values["compile"]
         micro = values["micro_batch"]
         # --free-batch: the micro-batch is the per-rank batch (the global batch follows it)
         per_rank = micro if target.free_batch else target.per_rank_batch
         return cls(
             env=env,
-            ddp={
-                "bucket_cap_mb": float(values["bucket_cap_mb"]),
-                "gradient_as_bucket_view": values["gradient_as_bucket_view"],
-                "static_graph": values["static_graph"],
-            },
+            ddp=ddp,
             comm_hook=hook,
             data=data,
             precision=values["precision"],
@@ -121,6 +126,26 @@ class TrialConfig:
         """Every value known, of its type and inside its bounds (``autotune.core.validate``:
         the one check of whatever will run); a ``ConfigError`` naming ``where`` and the key."""
         check_config(self, where=where, fix=fix or FILE_FIX)
+
+
+def as_it_runs(
+    config: TrialConfig, environ: Mapping[str, str], ranks_per_node: int | None
+) -> TrialConfig:
+    """``config`` (the defaults) as the user's own job runs it today, without anything autotune
+    adds: no allocator pin (``allocator.ENV`` left out: glibc keeps its dynamic thresholds),
+    and the threads torchrun gives each rank: the user's ``OMP_NUM_THREADS`` from ``environ``
+    when it is a legal value, else 1 when several ranks share a node (torchrun sets it then),
+    else the defaults' (every CPU of the rank). Re-validation measures it against the pinned
+    defaults and the winner (``search.validation``)."""
+    env = {k: v for k, v in config.env.items() if k not in allocator.ENV}
+    threads = config.threads
+    own = environ.get("OMP_NUM_THREADS", "").strip()
+    if own.isdigit() and KNOBS["threads"].legal(int(own)) is None:
+        threads = int(own)
+    elif ranks_per_node is None or ranks_per_node > 1:
+        threads = 1
+    env["OMP_NUM_THREADS"] = str(threads)
+    return replace(config, env=env, threads=threads)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,8 @@ A search space (``space.py``) may only name knobs listed here. Each knob knows:
 * when it cannot act on a target (``drop``): NCCL knobs on gloo, pinning without an accelerator,
   a thread count with only one possible value. Such a dimension is left out of the study with
   the reason, so no trial is spent on a no-op;
-* which single choices cannot act (``drop_choice``): the bf16 hook without NCCL, tf32 on CPU;
+* which single choices cannot act (``drop_choice``): the bf16 hook without NCCL, tf32 on CPU,
+  compile's CUDA-graph modes on CPU (``core.compiling`` holds compile's rules);
 * which single values are illegal (``legal``), and which combinations are (``illegal_combination``).
 
 NCCL knobs take the string ``default`` for "leave the variable unset".
@@ -17,10 +18,10 @@ NCCL knobs take the string ``default`` for "leave the variable unset".
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from autotune.core import bounds
+from autotune.core import bounds, compiling
+from autotune.core.knobdef import Knob
 from autotune.core.target import Target
 from autotune.core.values import boolean, int_range, is_int, number_in, one_of
 
@@ -117,46 +118,18 @@ def _precision_choice(t: Target, v: Any) -> str | None:
     return None
 
 
+def _compile_drop(t: Target) -> str | None:
+    return None if t.compile_problem is None else f"torch.compile: {t.compile_problem}"
+
+
+def _compile_choice(t: Target, v: Any) -> str | None:
+    return compiling.choice_problem(v, t.device)
+
+
 def _threads_choice(t: Target, v: Any) -> str | None:
     if is_int(v) and v > t.cpus_per_rank:
         return f"more threads than the {t.cpus_per_rank} CPUs each rank has"
     return None
-
-
-def _no_drop(t: Target) -> str | None:
-    return None
-
-
-def _no_choice_drop(t: Target, v: Any) -> str | None:
-    return None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Knob:
-    """One tunable setting."""
-
-    name: str
-    """Its name in the space YAML, the Optuna study and the profile."""
-    section: str
-    """Section of the space YAML and of the profile it belongs to."""
-    doc: str
-    """One line on what it does, shown by ``autotune spaces``."""
-    default: Any
-    """The value nobody sets (PyTorch/NCCL/torchrun defaults); a callable of the Target."""
-    legal: Callable[[Any], str | None]
-    """Why a single value is illegal, or None."""
-    drop: Callable[[Target], str | None] = _no_drop
-    """Why the whole knob cannot act on a target, or None."""
-    drop_choice: Callable[[Target, Any], str | None] = _no_choice_drop
-    """Why one value cannot act on a target, or None."""
-    parent: tuple[str, Callable[[Any, Target], bool]] | None = None
-    """(knob, predicate): suggested only when ``predicate(that knob's value, target)`` holds;
-    the parent must come earlier in KNOBS."""
-    choices_only: bool = False
-    """Only a ``categorical`` distribution can describe it (flags, names, NCCL's 'default')."""
-
-    def default_for(self, target: Target) -> Any:
-        return self.default(target) if callable(self.default) else self.default
 
 
 def _workers_on(v: Any, t: Target) -> bool:
@@ -219,6 +192,16 @@ _KNOB_LIST = [
         legal=int_range(1, bounds.MAX_POWERSGD_RANK),
         parent=("comm_hook", lambda v, t: v == "powersgd"),
         doc="PowerSGD matrix_approximation_rank (only when comm_hook is powersgd)",
+    ),
+    Knob(
+        name="compile",
+        choices_only=True,
+        section="ddp",
+        default=compiling.NONE,
+        legal=one_of(compiling.MODES),
+        drop=_compile_drop,
+        drop_choice=_compile_choice,
+        doc="torch.compile the model DDP wraps: none or a mode (compile time is warm-up)",
     ),
     # DataLoader kwargs.
     Knob(
@@ -381,6 +364,9 @@ def illegal_combination(values: Mapping[str, Any], target: Target) -> str | None
             f"NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD must be <= {MAX_SOCKET_PRODUCT}, "
             f"got {threads} x {socks} = {threads * socks}"
         )
+    reason = compiling.combination_problem(values.get("compile"), values.get("bucket_cap_mb"))
+    if reason:
+        return reason
     lo = values.get("NCCL_MIN_CTAS", UNSET)
     hi = values.get("NCCL_MAX_CTAS", UNSET)
     if lo != UNSET and hi != UNSET and lo > hi:

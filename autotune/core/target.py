@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autotune.core.compiling import NOT_PROBED
+
 __all__ = ["Target"]
 
 
@@ -35,6 +37,9 @@ class Target:
     global batch changes with it; otherwise accumulation keeps the workload's global batch."""
     ranks_per_node: int | None = None
     """Ranks of one trial per node; None: not known (taken as several)."""
+    compile_problem: str | None = NOT_PROBED
+    """Why ``torch.compile`` cannot run on the ranks' machine (``core.compiling.problem``,
+    probed by ``launch.hardware.describe``), or None where it can. Unprobed: it cannot."""
 
     @property
     def per_rank_batch(self) -> int:

@@ -10,7 +10,11 @@ the limit probe and ``export`` run what the study holds), from a profile file or
   ``LD_PRELOAD``, ``NCCL_NET_PLUGIN``, ``PATH`` or ``GLOO_SOCKET_IFNAME``;
 * every other section holds only its known keys, each of the right type and inside the
   absolute bounds of ``autotune.core.bounds``;
-* the batch arithmetic holds.
+* the batch arithmetic holds;
+* ``ddp.compile``, a ``torch.compile`` mode, is one of ``core.compiling.MODES`` and not with
+  buckets below DDPOptimizer's first bucket. Whether it can run is a question of the machine,
+  not of the file: ``check_compile`` asks it where the model is wrapped (``core.apply.wrap``),
+  by the same rules that leave the knob out of a study there.
 
 A configuration that fails is a ``ConfigError`` naming ``where`` (the study and trial, or the
 profile file) and the key, in one line. The launcher checks again right before a trial runs,
@@ -23,7 +27,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from autotune.core import allocator, bounds
+from autotune.core import allocator, bounds, compiling
 from autotune.core.errors import ConfigError
 from autotune.core.knobs import COMM_HOOKS, KNOBS, UNSET, Knob, illegal_combination
 from autotune.core.target import Target
@@ -36,6 +40,7 @@ __all__ = [
     "FILE_FIX",
     "HOOK_KEYS",
     "check_config",
+    "check_compile",
     "check_env",
     "check_sections",
 ]
@@ -57,7 +62,7 @@ ALLOWED_ENV: Mapping[str, Knob] = {
     ),
 }  # fmt: skip
 #: DistributedDataParallel keyword arguments a configuration may carry.
-DDP_KEYS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
+DDP_KEYS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "compile")
 #: A communication hook's keys.
 HOOK_KEYS = ("name", "matrix_approximation_rank", "start_powerSGD_iter")
 #: DataLoader keyword arguments a configuration may carry.
@@ -174,6 +179,11 @@ def check_config(config: Any, *, where: str = "configuration", fix: str = FILE_F
         raise ConfigError(
             f"{where}: env.OMP_NUM_THREADS {omp} differs from threads {config.threads}; {fix}"
         )
+    reason = compiling.combination_problem(
+        config.ddp.get("compile"), config.ddp.get("bucket_cap_mb")
+    )
+    if reason:
+        raise ConfigError(f"{where}: ddp.compile: {reason}; {fix}")
     per_step = config.micro_batch * config.accumulation_steps
     if config.global_batch % per_step or config.global_batch // per_step > bounds.MAX_WORLD_SIZE:
         raise ConfigError(
@@ -181,3 +191,25 @@ def check_config(config: Any, *, where: str = "configuration", fix: str = FILE_F
             f"accumulation_steps ({per_step}) x a world size of at most "
             f"{bounds.MAX_WORLD_SIZE}; {fix}"
         )
+
+
+def check_compile(
+    mode: Any,
+    device: str,
+    bucket_cap_mb: Any = None,
+    *,
+    where: str = "configuration",
+    fix: str = FILE_FIX,
+) -> None:
+    """Refuse a ``torch.compile`` ``mode`` that cannot run in this process on ``device``, or
+    not with DDP buckets of ``bucket_cap_mb`` MiB (the rules of the ``compile`` knob,
+    ``core.compiling``: a study there leaves it out for the same reason); nothing for
+    ``none``."""
+    if mode == compiling.NONE:
+        return
+    reason = KNOBS["compile"].legal(mode)
+    reason = reason and f"{reason}, got {shown(mode)}"
+    reason = reason or compiling.problem(device) or compiling.choice_problem(mode, device)
+    reason = reason or compiling.combination_problem(mode, bucket_cap_mb)
+    if reason:
+        raise ConfigError(f"{where}: ddp.compile {mode!r} cannot run here: {reason}; {fix}")

@@ -1,9 +1,14 @@
 """Rules a single value must keep, as functions that say why a value breaks them (None: it
 keeps them). The knob registry (``knobs``) builds each knob's legality from these.
+
+And values written for people, the one way every line the run prints or the report shows
+writes them: ``number`` (54,350 and 5.435, never ``5.435e+04``), ``seconds`` (1.25 s, 12.3 ms,
+45 us), ``nbytes`` (4 KiB, 64.2 MiB) and ``speedup`` (1.52x).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -15,8 +20,12 @@ __all__ = [
     "is_number",
     "number_in",
     "one_of",
+    "nbytes",
+    "number",
     "positive_number",
+    "seconds",
     "shown",
+    "speedup",
 ]
 
 
@@ -73,3 +82,41 @@ def shown(value: Any, limit: int = 60) -> str:
     one-line message, keeps the line short."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def number(x: float, digits: int = 4) -> str:
+    """``x`` for people: from 1,000 up a whole number with thousands separated (54,350), below
+    it ``digits`` significant digits with no trailing zeros (543.2, 5.435, 0.05435, 12); never
+    an exponent. Not finite: as Python writes it (nan, inf)."""
+    x = float(x)
+    if not math.isfinite(x):
+        return str(x)
+    if abs(x) >= 999.5 or x == 0:
+        return f"{x:,.0f}"
+    places = min(max(digits - 1 - math.floor(math.log10(abs(x))), 0), 12)
+    text = f"{x:.{places}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return "0" if text in ("-0", "") else text
+
+
+def seconds(s: float) -> str:
+    """A duration of a step or a message: 1.25 s, 12.3 ms, 45 us."""
+    if s >= 1 or s <= 0:
+        return f"{number(s, 3)} s"
+    if s >= 1e-3:
+        return f"{number(s * 1e3, 3)} ms"
+    return f"{number(s * 1e6, 3)} us"
+
+
+def nbytes(b: float) -> str:
+    """A size in binary units: 512 B, 4 KiB, 64.2 MiB, 1.5 GiB."""
+    for unit, n in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= n:
+            return f"{number(b / n, 3)} {unit}"
+    return f"{number(b, 3)} B"
+
+
+def speedup(x: float) -> str:
+    """A ratio to the defaults: 1.52x (two decimals: noise below 1 % is not news)."""
+    return f"{x:.2f}x" if math.isfinite(x) else f"{x}x"

@@ -1,4 +1,5 @@
-"""Budgets, timeouts and sizes written the way people say them: ``90s``, ``1h30m``, ``4GiB``."""
+"""Budgets, timeouts and sizes written the way people say them: ``90s``, ``1h30m``, ``4GiB``,
+and durations as SLURM writes them (``01:30:00``, ``2-00:00:00``)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,21 @@ __all__ = ["format_duration", "parse_duration", "parse_size_mb"]
 
 _UNIT_SECONDS = {"h": 3600, "m": 60, "s": 1}
 _PART = re.compile(r"(\d+(?:\.\d+)?)([hms])")
+#: SLURM's time forms: MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (its bare minutes excepted:
+#: a bare number is seconds here).
+_CLOCK = re.compile(r"(?:(\d+)-)?(\d+(?::\d+){0,2})")
+#: How a duration may be written, for the errors.
+FORMS = "90s, 10m, 2h, 1h30m or 01:30:00 (HH:MM:SS; a bare number is seconds)"
 
 
 def parse_duration(text: str | int | float, *, what: str = "--budget") -> float:
-    """Seconds in ``text``: ``90s``, ``10m``, ``2h``, ``1h30m``, or a bare number of seconds.
+    """Seconds in ``text``: ``90s``, ``10m``, ``2h``, ``1h30m``, a bare number of seconds, or
+    SLURM's ``HH:MM:SS`` (also ``MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``).
 
     Each unit may appear once, in the order h, m, s. Raises ConfigError naming ``what``.
     """
     if isinstance(text, bool):
-        raise ConfigError(f"{what}: expected a duration like 90s, 10m, 2h or 1h30m, got {text!r}")
+        raise ConfigError(f"{what}: expected a duration like {FORMS}, got {text!r}")
     if isinstance(text, (int, float)):
         seconds = float(text)
     else:
@@ -31,11 +38,14 @@ def parse_duration(text: str | int | float, *, what: str = "--budget") -> float:
 
 
 def _parse_text(s: str, what: str) -> float:
-    hint = f"{what}: cannot read {s!r} as a duration; write it like 90s, 10m, 2h or 1h30m"
+    hint = f"{what}: cannot read {s!r} as a duration; write it like {FORMS}"
     if not s:
         raise ConfigError(hint)
     if re.fullmatch(r"\d+(\.\d+)?", s):  # a bare number of seconds (not inf, nan, 1e999)
         return float(s)
+    clock = _CLOCK.fullmatch(s)
+    if clock and (clock.group(1) is not None or ":" in s):
+        return _clock_seconds(clock.group(1), clock.group(2), hint)
     pos, total, seen = 0, 0.0, ""
     for m in _PART.finditer(s):
         if m.start() != pos:
@@ -49,6 +59,20 @@ def _parse_text(s: str, what: str) -> float:
     if pos != len(s):
         raise ConfigError(hint)
     return total
+
+
+def _clock_seconds(days: str | None, clock: str, hint: str) -> float:
+    """``[D-]H[:M[:S]]`` with days, ``M:S`` or ``H:M:S`` without (SLURM's reading): seconds.
+    Every field after the first is below 60."""
+    fields = [int(x) for x in clock.split(":")]
+    if any(x >= 60 for x in fields[1:]):
+        raise ConfigError(hint.replace("; write", ": minutes and seconds are below 60; write"))
+    if days is None:  # MM:SS, HH:MM:SS
+        return float(sum(x * u for x, u in zip(fields, (3600, 60, 1)[-len(fields) :], strict=True)))
+    # D-HH, D-HH:MM, D-HH:MM:SS
+    return float(
+        int(days) * 86400 + sum(x * u for x, u in zip(fields, (3600, 60, 1), strict=False))
+    )
 
 
 def format_duration(seconds: float) -> str:

@@ -72,6 +72,9 @@ class Setting:
     """The placeholder ``--help`` shows (default: the kind's)."""
     unset: str | None = None
     """What None means, for a setting whose default is None (``--help`` shows it)."""
+    shown: str | None = None
+    """What ``--help`` shows as the default where the value in effect is not the default
+    itself (the re-validation's, which the budget fits: ``from the budget, ...``)."""
     required: bool = False
     """A study definition file must give it."""
 
@@ -93,7 +96,7 @@ class Setting:
     def help_text(self) -> str:
         """The help with its default, escaped for argparse."""
         shown = self.unset if self.default is None else self.kind.show(self.default)
-        return f"{self.help} (default: {shown})".replace("%", "%%")
+        return f"{self.help} (default: {self.shown or shown})".replace("%", "%%")
 
 
 def setting(default: Any, kind: Kind, *, help: str, flag: str | None = "", **more: Any) -> Any:

@@ -112,8 +112,9 @@ class StudyDefinition:
         600.0,
         DURATION,
         key="budget",
-        help="wall-clock time one invocation may launch trials for, e.g. 90s, 10m, 2h, 1h30m; "
-        "running it again resumes the same study with a fresh budget and keeps its trials",
+        help="wall-clock time one invocation may run, counted from the command's start: 90s, "
+        "10m, 2h, 1h30m or HH:MM:SS (SLURM's 01:30:00); a bare number is seconds; running it "
+        "again resumes the same study with a fresh budget and keeps its trials",
     )
     n_trials: int | None = setting(
         None,
@@ -170,14 +171,19 @@ class StudyDefinition:
         3,
         Whole(low=0),
         metavar="K",
-        help="re-measure the K best configurations against the baseline, interleaved, and "
-        "choose the profile from those numbers; 0 exports the best trial as it is",
+        shown="from the budget: up to 3, fewer when it cannot hold them",
+        help="re-measure up to K of the best configurations against the baseline, interleaved, "
+        "and choose the profile from those numbers; fewer when the budget cannot hold K (the "
+        "run prints its plan at the start); 0 exports the best trial as it is",
     )
     validate_rounds: int = setting(
         5,
         Whole(low=2),
         metavar="R",
-        help="interleaved rounds of that re-measurement, each measuring every candidate once",
+        shown="from the budget: 5 aimed for, 2 to 10",
+        help="interleaved rounds of that re-measurement aimed for, each measuring every "
+        "candidate once; the budget makes them fewer when it is short (at least 2) and more, "
+        "up to 10, when it has room",
     )
     ablate: bool = setting(
         True,

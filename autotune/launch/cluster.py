@@ -3,11 +3,13 @@ ranks sit on its nodes.
 
 * ``connect(address)`` starts a local Ray instance (``address=None`` and no ``RAY_ADDRESS``)
   or joins an existing cluster (``auto`` or ``HOST:PORT``, from the flag or ``RAY_ADDRESS``),
-  failing in seconds with a one-line error when nothing
-  answers there. A local instance's node IP is 127.0.0.1: all its servers listen on loopback
-  only (``core.compat.loopback_node_ip``), and so do the ranks' rendezvous and gloo (``pool``). A
-  cluster's nodes keep the address they were started with.
-* A local instance is this user's alone. It runs with token authentication, its token fresh
+  failing in seconds with a one-line error when nothing answers there or the address is Ray
+  Client's or the dashboard's (``launch.address``). A local instance's node IP is 127.0.0.1:
+  all its servers listen on loopback only (``core.compat.loopback_node_ip``), and so do the
+  ranks' rendezvous and gloo (``pool``). A cluster's nodes keep the address they were started
+  with.
+* A local instance is this user's alone. It runs with token authentication, set explicitly
+  (``RAY_AUTH_MODE=token``: Ray warns when it turns it on by default), its token fresh
   (``secrets``) and only in the environment of the driver and of the processes the instance
   starts (``RAY_AUTH_TOKEN``; nothing is written to ``~/.ray``), and keeps its sockets, logs
   and session files in a temp dir of its own, mode 0700 (``RAY_TMPDIR``), not in the shared
@@ -29,28 +31,25 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import ipaddress
 import logging
 import math
 import os
 import secrets
 import shutil
 import signal
-import socket
 import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.core.compat import bootstrap_address, loopback_node_ip
+from autotune.core.compat import loopback_node_ip, reread_ray_config
 from autotune.core.errors import ConfigError, Terminated
+from autotune.launch import address as addr
 from autotune.launch.reaper import OWNER_ENV, Reaper
 
 __all__ = ["RankPlan", "RayConnection", "connect", "plan_ranks", "rank_plan"]
 
-#: Seconds to wait for a TCP answer from a given cluster address before giving up.
-REACH_TIMEOUT_S = 5.0
 #: Where Ray puts a local instance's sockets below its temp dir (a PID at its longest); a Unix
 #: socket's path holds 107 bytes at most.
 _SOCKET_TAIL = "/ray/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store"
@@ -86,12 +85,12 @@ class _Private:
     def enter(cls) -> _Private:
         before = {k: os.environ.get(k) for k in _PRIVATE_VARS}
         temp_dir = tempfile.mkdtemp(prefix=_TEMP_PREFIX, dir=_temp_parent())
-        # Ray turns token authentication on for a new local instance, its driver included,
-        # where RAY_AUTH_MODE is unset; RAY_AUTH_TOKEN wins over any token file, and no token
-        # is written to ~/.ray.
-        for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH"):
-            os.environ.pop(k, None)
-        os.environ.update(RAY_AUTH_TOKEN=_token(), RAY_TMPDIR=temp_dir)
+        # Token authentication, said explicitly (where RAY_AUTH_MODE is unset Ray turns it on
+        # all the same, and warns that it did): the driver and every process the instance
+        # starts; RAY_AUTH_TOKEN wins over any token file, and no token is written to ~/.ray.
+        os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+        os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=_token(), RAY_TMPDIR=temp_dir)
+        reread_ray_config()  # this driver's Ray read RAY_AUTH_MODE when it was imported
         return cls(temp_dir, before)
 
     def leave(self) -> None:
@@ -100,6 +99,7 @@ class _Private:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        reread_ray_config()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
@@ -149,47 +149,6 @@ class RayConnection:
             ray.shutdown()
 
 
-def _address_flag(address: str, from_env: bool) -> str:
-    """How an error names the address: the flag, or the variable it came from."""
-    return f"RAY_ADDRESS={address}" if from_env else f"--address {address}"
-
-
-def _leave(from_env: bool) -> str:
-    """How an error says to start a local instance instead."""
-    return "unset RAY_ADDRESS" if from_env else "leave --address out"
-
-
-def _check_reachable(address: str, from_env: bool = False) -> str:
-    """Fail fast where ray.init would retry for minutes: nothing answers at HOST:PORT. Returns
-    the host that answered."""
-    name = _address_flag(address, from_env)
-    leave = _leave(from_env)
-    fix = f"start one with `ray start --head` or {leave} to start a local instance"
-    resolved = address
-    if address == "auto":
-        resolved = bootstrap_address(address)
-        if not resolved:
-            raise ConfigError(f"{name}: no running Ray cluster found on this machine; {fix}")
-    host, sep, port = resolved.rpartition(":")
-    if not sep or not port.isdigit() or "/" in host:
-        raise ConfigError(
-            f"{name}: expected auto or HOST:PORT, the cluster's GCS address (e.g. "
-            f"127.0.0.1:6379); {leave} to start a local instance"
-        )
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
-    except OSError as e:
-        raise ConfigError(f"{name}: nothing answers there ({e.strerror or e}); {fix}") from None
-    return host.strip("[]")
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
-    except (OSError, ValueError):
-        return False
-
-
 def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayConnection:
     """Start a local Ray instance, or join the cluster at ``address`` (``auto``, HOST:PORT).
 
@@ -200,12 +159,15 @@ def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayC
 
     if ray.is_initialized():
         return RayConnection(address=address, started_here=False, owned=False)
-    address, from_env = _resolve_address(address)
+    addr.check_address(address)
+    address, from_env = addr.resolve(address)
     # A cluster whose head listens on loopback (a local `ray start --head` like autotune's own
     # local instance) is joined with this node's IP as 127.0.0.1 too: Ray looks for the node's
     # raylet at the driver's node IP.
-    loopback = address is None or _is_loopback(_check_reachable(address, from_env))
+    loopback = address is None or addr.is_loopback(addr.check_reachable(address, from_env))
     kwargs = _init_kwargs(address, extra_pythonpath)
+    if address == "auto":
+        addr.auth_as_ray_would()
     owner = f"{os.getpid()}-{uuid.uuid4().hex}" if address is None else None
     try:
         with _marked(owner):  # inherited by everything the instance starts
@@ -222,17 +184,6 @@ def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayC
         session_dir=context.address_info.get("session_dir") if owner else None,
         reaper=reaper, private=private,
     )  # fmt: skip
-
-
-def _resolve_address(address: str | None) -> tuple[str | None, bool]:
-    """The address to join (None: start a local instance), and whether it came from
-    ``RAY_ADDRESS``."""
-    # RAY_ADDRESS, which Ray's own tools set (`ray job submit`, a `ray start` node's shell),
-    # joins like --address; the flag wins when both are given.
-    from_env = address is None and bool(os.environ.get("RAY_ADDRESS", "").strip())
-    if from_env:
-        address = os.environ["RAY_ADDRESS"].strip()
-    return address, from_env
 
 
 def _init_kwargs(address: str | None, extra_pythonpath: str | None) -> dict[str, Any]:
@@ -311,10 +262,10 @@ def _refused(e: Exception, address: str | None, from_env: bool) -> ConfigError:
             f"--address instead"
         )
     return ConfigError(
-        f"{_address_flag(str(address), from_env)}: Ray would not connect ({first}); if the "
+        f"{addr.flag_of(str(address), from_env)}: Ray would not connect ({first}); if the "
         f"cluster uses token authentication, set RAY_AUTH_MODE=token and make its token "
         f"available, else start one with `ray start --head` or "
-        f"{_leave(from_env)}"
+        f"{addr.leave_hint(from_env)}"
     )
 
 

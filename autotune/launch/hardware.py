@@ -6,6 +6,7 @@ import os
 import socket
 from typing import Any
 
+from autotune.core import compiling
 from autotune.core.values import shown
 
 __all__ = ["describe", "differences", "nvlink_active"]
@@ -55,6 +56,9 @@ def describe(backend: str) -> dict[str, Any]:
             bf16_native=bool(CPU_BF16_FLAGS & flags),
             tf32=False,
         )
+    # Why torch.compile cannot run on these ranks (no C++ compiler, no triton), or None: the
+    # study's target leaves the compile knob out with it (core.compiling).
+    info["compile_problem"] = compiling.problem(info["device"])
     return info
 
 

@@ -201,16 +201,20 @@ class TrialRunner:
         incumbent: Interval | None = None,
         log_dir: str | None = None,
         limit: dict[str, Any] | None = None,
+        fresh: bool = False,
+        pin: bool = True,
     ) -> TrialResult:
         """Run one trial; raises TrialFailed with the reason when it produces no result. With
         ``log_dir``, each rank's output goes to ``log_dir/rank-N.log`` for the trial; with
-        ``limit``, the ranks run the limit probe (``RankSpec.limit``) instead of windows."""
+        ``limit``, the ranks run the limit probe (``RankSpec.limit``) instead of windows.
+        ``fresh``: in new rank processes, whatever the pool holds; ``pin=False``: in processes
+        that never pinned the allocator (``pool.RankPool``)."""
         self.ensure_placed()
         started = time.monotonic()
         deadline = started + timeout_s
         keep = False
         try:
-            addr, port = self.pool.ready(config.env, deadline)
+            addr, port = self.pool.ready(config.env, deadline, fresh=fresh, pin=pin)
             nodes = self._bundle_nodes()
             spec = RankSpec(
                 trial=trial,

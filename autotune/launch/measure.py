@@ -13,6 +13,11 @@ the driver process; only what ``RayMeasurer`` sends to the ranks crosses to Ray.
 re-validation (the main thread, always on the first placement group, so its comparisons never
 mix node differences). Each search thread says which runner it uses (``use``); a thread that
 said nothing uses the first.
+
+``RayMeasurer`` can also run what the re-validation compares the user's own job with
+(``as_is``, ``fresh``): the defaults as the job runs today, without the allocator pin, and any
+configuration in new processes. The replay's measurer has no recording of that job, and the
+re-validation asks for these two only where the measurer has them.
 """
 
 from __future__ import annotations
@@ -25,9 +30,11 @@ from typing import Any, Protocol
 
 import optuna
 
-from autotune.core.config import MeasureSettings, TrialConfig
+from autotune.core import allocator
+from autotune.core.config import MeasureSettings, TrialConfig, as_it_runs
 from autotune.core.errors import ConfigError, FailureReason, TrialFailed
 from autotune.core.stats import Interval
+from autotune.core.target import Target
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.launcher import TrialRunner
 from autotune.launch.results import TrialResult
@@ -94,12 +101,70 @@ class RayMeasurer:
     """Measures configurations of ``study``'s workload on ``runners`` (a ``Measurer``)."""
 
     def __init__(
-        self, *, study: optuna.Study, runners: list[TrialRunner], definition: StudyDefinition
+        self,
+        *,
+        study: optuna.Study,
+        runners: list[TrialRunner],
+        definition: StudyDefinition,
+        target: Target | None = None,
     ) -> None:
         self.study = study
         self.runners = runners
         self.d = definition
+        #: What the space was resolved against: ranks per node, for the threads torchrun
+        #: gives the job as it runs today (``as_is``); None: taken as several.
+        self.target = target
         self._local = threading.local()  # the runner of the trial this thread runs
+
+    def as_is_reason(self) -> str | None:
+        """Why the user's job as it runs today cannot be measured here; None when it can.
+        On a GPU the pin acts on host memory only and every arm of that comparison would need
+        new CUDA processes (10-12 s each, docs/gpu.md); off glibc (2.33 or newer) there is no
+        pin to leave out, and no way to see that a process runs without it."""
+        if self.runner.backend == "nccl" or (self.target and self.target.device == "cuda"):
+            return ("not measured on a GPU: the allocator pin acts on host memory only, and "
+                    "each run would need new CUDA processes")  # fmt: skip
+        if allocator.pinned() is None:
+            return (
+                "the C library is not glibc 2.33 or newer: there is no allocator pin to leave out"
+            )
+        return None
+
+    def as_is(self, config: TrialConfig) -> TrialConfig | str:
+        """The defaults' ``config`` as the user's job runs it today (``config.as_it_runs``:
+        no allocator pin, torchrun's threads, the user's own ``OMP_NUM_THREADS``), or why it
+        cannot be measured here (``as_is_reason``)."""
+        reason = self.as_is_reason()
+        if reason is not None:
+            return reason
+        per_node = None if self.target is None else self.target.ranks_per_node
+        return as_it_runs(config, os.environ, per_node)
+
+    def fresh(
+        self, number: int, config: TrialConfig, *, measure: MeasureSettings, pin: bool = True
+    ) -> TrialResult:
+        """One run of ``config`` in new rank processes, which pin glibc's allocator unless
+        ``pin`` is False (the job as it runs today). Script mode starts the user's command
+        afresh for every run anyway; its allocator is pinned only by the configuration's
+        environment, which ``as_is`` leaves without the pin."""
+        if self.d.command:
+            return self(number, config, measure=measure)
+        try:
+            config.check(where=f"trial {number}")
+        except ConfigError as e:
+            raise TrialFailed(FailureReason.ILLEGAL, str(e)) from None
+        return self.runner.run(
+            trial=number,
+            trainer=self.d.trainer,
+            trainer_options=dict(self.d.trainer_options),
+            config=config,
+            measure=measure,
+            seed=self.d.seed or 0,
+            timeout_s=self.trial_timeout(),
+            max_memory_mb=self.d.max_memory_mb,
+            fresh=True,
+            pin=pin,
+        )
 
     @property
     def can_probe(self) -> bool:

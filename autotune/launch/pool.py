@@ -63,12 +63,16 @@ class RankActor:
     """One DDP rank's process, kept for the following trials of the same environment.
     Wrapped with ``ray.remote`` by ``RankPool``."""
 
-    def __init__(self, env_keys: list[str]) -> None:
+    def __init__(self, env_keys: list[str], pin: bool = True) -> None:
         import torch.distributed as dist
 
         # Before anything of the workload is allocated (see autotune.core.allocator); where the C
-        # library is not glibc there is nothing to pin.
-        allocator.pin()
+        # library is not glibc there is nothing to pin. Only the re-validation's run of the job
+        # as the user runs it today (``pin=False``) leaves glibc as it starts a process.
+        if pin:
+            allocator.pin()
+        #: What glibc does now, read back (``allocator.pinned``): each result says it.
+        self.allocator_pinned = allocator.pinned()
         # Taken when the process starts, before any process group: what NCCL would read.
         self.env_at_start = {k: os.environ.get(k) for k in env_keys}
         self.pg_at_start = dist.is_available() and dist.is_initialized()
@@ -94,6 +98,7 @@ class RankActor:
         out.process_trials = self.trials
         out.reused = self.trials > 1
         out.node_ip = node_ip()
+        out.applied["allocator_pinned"] = self.allocator_pinned
         return out
 
 
@@ -103,7 +108,10 @@ class RankPool:
     ``ready(env, deadline)`` makes ``actors`` the next trial's ranks: the pool when it was
     started with ``env`` and every actor answers at once, else fresh actors; it returns rank
     0's address for the trial's process group (a new port every trial). ``drop()`` kills them
-    (their processes and DataLoader workers go with them).
+    (their processes and DataLoader workers go with them). ``fresh`` asks for new processes
+    whatever the pool holds; ``pin=False`` for processes that never pin glibc's allocator
+    (the job as it runs today): a pool is reused only for the same environment and pin, since
+    ``mallopt`` cannot be undone in a process.
     """
 
     def __init__(
@@ -117,17 +125,21 @@ class RankPool:
         self.gpus_per_rank = gpus_per_rank
         self.actors: list[Any] = []  # the rank actors of the last successful trial, by rank
         self._env: dict[str, str] | None = None  # the environment they were started with
+        self._pin = True  # whether they pinned the allocator
         self._actor_cls = ray.remote(max_restarts=0, max_task_retries=0)(RankActor)
         # Where the ranks' gloo and NCCL listen: loopback on a local instance, else as the
         # node's own environment says.
         self._listen_env = LOOPBACK_ENV if ipaddress.ip_address(node_ip()).is_loopback else {}
 
-    def ready(self, env: dict[str, str], deadline: float) -> tuple[str, int]:
-        """Rank actors for a trial with process environment ``env``; rank 0's address."""
+    def ready(
+        self, env: dict[str, str], deadline: float, *, fresh: bool = False, pin: bool = True
+    ) -> tuple[str, int]:
+        """Rank actors for a trial with process environment ``env`` (``fresh`` and ``pin``:
+        the class doc); rank 0's address."""
         import ray
         import ray.exceptions as rex
 
-        if self.actors and self._env == env:
+        if self.actors and self._env == env and self._pin == pin and not fresh:
             pings = [a.address.remote(serve=i == 0) for i, a in enumerate(self.actors)]
             until = time.monotonic() + POOL_CHECK_TIMEOUT_S
             answers: list[tuple[str, int]] = []
@@ -151,10 +163,10 @@ class RankPool:
                 scheduling_strategy=self._strategy(i),
                 # where the ranks listen is the run's to say: its settings come last
                 runtime_env={"env_vars": {**env, **self._listen_env}},
-            ).remote(sorted(env))
+            ).remote(sorted(env), pin)
             for i in range(self.world_size)
         ]
-        self._env = dict(env)
+        self._env, self._pin = dict(env), pin
         try:
             left = max(deadline - time.monotonic(), 1.0)  # the trial's deadline holds
             return ray.get(self.actors[0].address.remote(serve=True), timeout=left)

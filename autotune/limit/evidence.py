@@ -31,6 +31,11 @@ safely:
   communication the shorter backward no longer hides is added back);
 * DataLoader workers take at most the whole data phase off the loop.
 
+For advice rather than screening (``autotune.limit.probe.next_step``), compression is judged
+on what *surely* depends on the bytes (``compressed_surely``: the all-reduce less its messages
+at the smallest message's time, an upper bound on the latency that a noisy fit cannot talk
+down), and not at all when the all-reduce is latency-dominated (``latency_dominated``).
+
 Priors with no model (``static_graph``, gradients as bucket views) get ``None``: they are
 screened after the modelled priors whose bound is beyond the noise, in their listed order.
 Screening (``autotune.search.screening``) orders by these bounds and skips those within the noise;
@@ -44,6 +49,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
+
+from autotune.core.values import nbytes, number, seconds
 
 __all__ = [
     "COMM_BOUND_SHARE",
@@ -130,6 +137,23 @@ class Evidence:
         return max(self.comm_s - self.latency_s, 0.0)
 
     @property
+    def surely_bytes_s(self) -> float:
+        """The all-reduce's seconds that surely depend on its bytes: all of it less its
+        messages at the smallest message's time each (an upper bound on the latency, which a
+        noisy fit cannot talk down)."""
+        return max(self.comm_s - self.buckets * self.smallest_s, 0.0)
+
+    @property
+    def latency_dominated(self) -> bool:
+        """The all-reduce's time is mostly per message (small buckets, alpha dominates): by the
+        fit, or because the bytes' part that survives the latency's upper bound is the smaller
+        one. Halving its bytes then gains little: no compression is advised."""
+        if self.world_size < 2 or self.comm_s <= 0:
+            return False
+        upper = min(self.buckets * self.smallest_s, self.comm_s)
+        return self.latency_s >= self.bandwidth_s or self.surely_bytes_s < upper
+
+    @property
     def hidden_s(self) -> float:
         """Communication hidden behind the backward: at most the backward itself."""
         return min(max(max(self.comm_s, self.exposed_s) - self.exposed_s, 0.0), self.backward_s)
@@ -153,13 +177,13 @@ class Evidence:
         if self.world_size > 1:
             comm = (
                 f"communication {pct(max(self.comm_s, self.exposed_s))} ({pct(self.exposed_s)} "
-                f"exposed; all-reduce {_bytes(self.grad_bytes)} in {self.buckets} bucket(s), "
-                f"latency {_secs(self.smallest_s)}, {_rate(self.per_byte_s)}), "
+                f"exposed; all-reduce {nbytes(self.grad_bytes)} in {self.buckets} bucket(s), "
+                f"latency {seconds(self.smallest_s)}, {_rate(self.per_byte_s)}), "
             )
         return (
             f"{self.bound}-bound: {comm}compute {pct(self.forward_s + self.backward_s)}, "
             f"data {pct(self.data_s)}, optimizer {pct(self.optimizer_s)} of a "
-            f"{_secs(self.step_s)} step"
+            f"{seconds(self.step_s)} step"
         )
 
     # -- the record ----------------------------------------------------------------------
@@ -239,6 +263,13 @@ class Evidence:
             return 1.0
         return self.speedup_if_saved(min(self.exposed_s, self.bandwidth_s / 2))
 
+    def compressed_surely(self) -> float:
+        """The same, for advice rather than for screening: half of what surely depends on the
+        bytes, and nothing on a latency-dominated all-reduce (``latency_dominated``)."""
+        if self.world_size < 2 or self.latency_dominated:
+            return 1.0
+        return self.speedup_if_saved(min(self.exposed_s, self.surely_bytes_s / 2))
+
     def fewer_messages(self, bucket_mb: float) -> float:
         """Larger buckets: the latency of the messages they merge (at the smallest message's
         time each: optimistic)."""
@@ -248,9 +279,14 @@ class Evidence:
         saved = max(self.buckets - merged, 0) * self.smallest_s
         return self.speedup_if_saved(min(self.exposed_s, saved))
 
-    def more_overlap(self) -> float:
-        """Smaller buckets: at most what sticks out beyond the overlappable backward."""
+    def more_overlap(self, bucket_mb: float | None = None) -> float:
+        """Smaller buckets: at most what sticks out beyond the overlappable backward. With
+        ``bucket_mb``, nothing where buckets of that size hold the gradients the way the
+        defaults' do (DDP's 1 MiB first bucket plus one of ``bucket_mb``: a few KB of gradients
+        are one message whatever the cap)."""
         if self.world_size < 2:
+            return 1.0
+        if bucket_mb is not None and self.grad_bytes <= (1 + bucket_mb) * 2**20:
             return 1.0
         overlappable = self.backward_s / self.accumulation_steps
         floor = max(self.comm_s - overlappable, 0.0)
@@ -285,25 +321,10 @@ def expected_gain(moves: dict[str, Any], ev: Evidence) -> float | None:
     return None
 
 
-def _secs(s: float) -> str:
-    if s >= 1:
-        return f"{s:.2f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.1f} ms"
-    return f"{s * 1e6:.0f} us"
-
-
-def _bytes(b: float) -> str:
-    for unit, n in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if b >= n:
-            return f"{b / n:.1f} {unit}"
-    return f"{b:.0f} B"
-
-
 def _rate(per_byte: float) -> str:
     if per_byte <= 0:
         return "bandwidth not measured"
     gbit = 8 / per_byte / 1e9
     if gbit >= 1:
-        return f"{gbit:.2f} Gbit/s per all-reduce"
-    return f"{gbit * 1e3:.0f} Mbit/s per all-reduce"
+        return f"{number(gbit, 3)} Gbit/s per all-reduce"
+    return f"{number(gbit * 1e3, 3)} Mbit/s per all-reduce"

@@ -27,9 +27,12 @@ configuration's bucket sizes and hook dtype. ``bounds`` turns that into:
   (nccl-tests' ``busbw``): ``wire_bytes * 2(n-1)/n / comm_s``. With one rank there is none.
 
 The record is the study's ``limit`` user attribute and the profile's ``measured.limit``;
-``summary_line`` says it in one line and names the knob family most likely to help next, from
-the same model the screening is ordered by (``autotune.limit.evidence``), never a family the run's
-screening measured as no gain. The defaults are probed once, right after the baseline trial
+``summary_line`` says it in one line and names the knob family most likely to help next, with
+why, from the same model the screening is ordered by (``autotune.limit.evidence``): never a
+family the run's screening measured as no gain (``no_gain``: it did not help, or its interval
+does not clear 1.0), and never compression for an all-reduce whose time is per-message latency
+(small buckets: alpha dominates, and compression only cuts bytes). Numbers are written for
+people (``autotune.core.values``). The defaults are probed once, right after the baseline trial
 (``probe_one``, the study's ``first_measurement``); the probe at the end reuses that record.
 """
 
@@ -44,8 +47,9 @@ import optuna
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialFailed
+from autotune.core.values import nbytes, number, seconds, speedup
 from autotune.limit.evidence import COMM_BOUND_SHARE, DATA_BOUND_SHARE, Evidence
-from autotune.record.attrs import FirstMeasurement, LimitRecord, load, save
+from autotune.record.attrs import FirstMeasurement, LimitRecord, load, load_screening, save
 from autotune.record.typed import RecordError
 from autotune.report.events import Emit, Note
 
@@ -54,6 +58,7 @@ __all__ = [
     "breakdown",
     "measure_limit",
     "next_step",
+    "no_gain",
     "probe_one",
     "summary_line",
 ]
@@ -62,6 +67,8 @@ __all__ = [
 COMM_REPEATS = 3
 #: The least optimistic gain (``autotune.limit.evidence``) worth naming as the next step.
 WORTH = 1.03
+#: The bucket size (MB) that "smaller buckets" means: the screening's.
+SMALL_BUCKET_MB = 5.0
 #: A share of the ideal-overlap bound from which the step is at it, within the probe's noise.
 AT_BOUND = 0.97
 
@@ -114,9 +121,11 @@ def next_step(
     device: str = "cpu",
     ruled_out: frozenset[str] = frozenset(),
 ) -> str:
-    """The knob family most likely to help next: the one whose optimistic gain on this step
-    (``autotune.limit.evidence``) is largest, among the families ``config`` has not moved yet and
-    the run did not measure as no gain (``ruled_out``: knob names, e.g. ``comm_hook``)."""
+    """The knob family most likely to help next, with why: the one whose gain on this step is
+    largest (``autotune.limit.evidence``; compression only where the bytes, not the
+    per-message latency, take the all-reduce's time), among the families ``config`` has not
+    moved yet and the run did not measure as no gain (``ruled_out``: knob names, e.g.
+    ``comm_hook``). None worth ``WORTH``: what bounds the step, from the same breakdown."""
     ev = Evidence.from_probe(record, device=device, noise=0.0)
     step = ev.step_s
     comm_bound = ev.world_size > 1 and ev.exposed_s >= COMM_BOUND_SHARE * step
@@ -127,7 +136,13 @@ def next_step(
     ]
     best = max(options, default=None, key=lambda o: o[0])
     if best is not None and best[0] >= WORTH:
-        return f"{best[2]}, up to {best[0]:.2f}x"
+        return f"{best[2]}, up to {speedup(best[0])}: {best[3]}"
+    if comm_bound and ev.latency_dominated:
+        return (
+            f"a link with less latency, or fewer all-reduces per sample: the all-reduce is "
+            f"{ev.buckets} message(s) of {nbytes(ev.grad_bytes / ev.buckets)} whose time is "
+            f"per-message latency ({seconds(ev.smallest_s)} each), not bytes"
+        )
     if comm_bound:
         return "a faster link: the all-reduce is the bottleneck and no DDP setting left shortens it"
     if ev.data_s >= DATA_BOUND_SHARE * step:
@@ -137,48 +152,59 @@ def next_step(
 
 def _untried(
     ev: Evidence, config: TrialConfig, *, free_batch: bool, comm_bound: bool
-) -> list[tuple[float, str, str]]:
-    """The knob families ``config`` has not moved yet, each as (its optimistic gain on this
-    step, the knob it moves, what to call it)."""
-    options: list[tuple[float, str, str]] = []
+) -> list[tuple[float, str, str, str]]:
+    """The knob families ``config`` has not moved yet, each as (its gain on this step, the
+    knob it moves, what to call it, why: the part of the breakdown it acts on)."""
+    step = seconds(ev.step_s)
+    options: list[tuple[float, str, str, str]] = []
     if config.comm_hook.get("name", "none") == "none":
+        why = f"the all-reduce's bytes take {seconds(ev.surely_bytes_s)} of a {step} step"
         options.append(
-            (ev.compressed(), "comm_hook", "compression (a comm hook: fp16 or PowerSGD)")
-        )
+            (ev.compressed_surely(), "comm_hook", "compression (a comm hook: fp16 or PowerSGD)",
+             why)
+        )  # fmt: skip
     if config.ddp.get("bucket_cap_mb", 25.0) == 25.0:
+        why = f"{ev.buckets} all-reduces a step at {seconds(ev.smallest_s)} latency each"
         options.append(
-            (
-                ev.fewer_messages(100.0),
-                "bucket_cap_mb",
-                "larger buckets (fewer all-reduces: the link's latency dominates)",
-            )
+            (ev.fewer_messages(100.0), "bucket_cap_mb", "larger buckets (fewer all-reduces)", why)
         )
+        why = f"{seconds(ev.exposed_s)} of communication sticks out of the backward"
         options.append(
-            (
-                ev.more_overlap(),
-                "bucket_cap_mb",
-                "smaller buckets (the all-reduce starts earlier in backward)",
-            )
-        )
+            (ev.more_overlap(SMALL_BUCKET_MB), "bucket_cap_mb",
+             "smaller buckets (the all-reduce starts earlier in backward)", why)
+        )  # fmt: skip
     if config.data.get("num_workers", 0) == 0:
+        why = f"loading takes {seconds(ev.data_s)} of a {step} step"
         options.append(
-            (
-                ev.off_the_loop(),
-                "num_workers",
-                "the data pipeline (DataLoader workers, pinned memory)",
-            )
-        )
+            (ev.off_the_loop(), "num_workers",
+             "the data pipeline (DataLoader workers, pinned memory)", why)
+        )  # fmt: skip
     if config.precision == "fp32":
-        options.append((ev.faster_compute(), "precision", "lower precision (bf16, TF32)"))
+        why = f"forward and backward take {seconds(ev.forward_s + ev.backward_s)} of a {step} step"
+        options.append((ev.faster_compute(), "precision", "lower precision (bf16, TF32)", why))
     if free_batch and config.accumulation_steps == 1 and comm_bound:
+        why = f"{seconds(ev.exposed_s)} of exposed communication a step"
         options.append(
-            (
-                ev.speedup_if_saved(ev.exposed_s / 2),
-                "micro_batch",
-                "accumulation (more samples per all-reduce)",
-            )
-        )
+            (ev.speedup_if_saved(ev.exposed_s / 2), "micro_batch",
+             "accumulation (more samples per all-reduce)", why)
+        )  # fmt: skip
     return options
+
+
+def no_gain(study: optuna.Study) -> frozenset[str]:
+    """The knobs the run's screening measured as no gain: a screened prior that did not help,
+    or whose speedup's 95 % interval does not clear 1.0 (``helps`` within its own noise). The
+    advice never names their family."""
+    out: set[str] = set()
+    with contextlib.suppress(RecordError):
+        for s in (load_screening(study) or {}).values():
+            if s.state not in ("COMPLETE", "PRUNED"):
+                continue
+            noise = None if s.interval is None else s.interval.rel_half_width
+            low = None if s.speedup is None else s.speedup * (1 - (noise or 0.0))
+            if not s.helps or low is None or low <= 1.0:
+                out.update(s.moves)
+    return frozenset(out)
 
 
 def summary_line(limit: dict[str, Any]) -> str | None:
@@ -202,17 +228,13 @@ def summary_line(limit: dict[str, Any]) -> str | None:
         ideal = "at the ideal-overlap bound"
     else:
         more = 1 / b["share_of_ideal"]
-        ideal = f"{b['share_of_ideal']:.0%} of the ideal-overlap bound ({more:.2f}x more possible)"
+        share = f"{b['share_of_ideal']:.0%}"
+        ideal = f"{share} of the ideal-overlap bound ({speedup(more)} more possible)"
     return (
-        f"Limit: the {which} step is {comm}; {_rate(b['samples_per_s'])} samples/s is {ideal} "
-        f"and {b['share_of_ceiling']:.0%} of the compute ceiling ({_rate(b['compute_ceiling'])}); "
+        f"Limit: the {which} step is {comm}; {number(b['samples_per_s'])} samples/s is {ideal} "
+        f"and {b['share_of_ceiling']:.0%} of the compute ceiling ({number(b['compute_ceiling'])}); "
         f"next: {tuned['next']}"
     )
-
-
-def _rate(x: float) -> str:
-    """A throughput for people: 54,350 rather than 5.435e+04."""
-    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
 def probe_one(
@@ -269,6 +291,7 @@ def measure_limit(
     probe of the first measurement (``record.attrs.FirstMeasurement``), when the study holds one, is
     not taken again. A probe that fails is recorded with its reason and said; the others
     still run."""
+    ruled_out = ruled_out | no_gain(study)
     known = {}
     with contextlib.suppress(RecordError):  # unreadable: the defaults are probed again
         if (first := load(study, FirstMeasurement)) is not None:

@@ -272,7 +272,33 @@ def _validated(checked: ValidationRecord) -> dict[str, Any]:
             "failed": checked.failed,
             "after_trial": checked.after_trial,
         },
+        **({} if checked.as_is is None else {"as_is": as_is_of(checked)}),
     }
+
+
+def as_is_of(checked: ValidationRecord) -> dict[str, Any]:
+    """The profile's ``measured.as_is``: the speedup over the user's job as it runs today
+    (``speedup``), the part of it autotune's defaults give (``pin``: the allocator pin and
+    whatever else ``changes`` lists), the part the tuned knobs give (``knobs``: the
+    re-validation's), each ``[low, median, high]``, and the line the summary prints; or why it
+    was not measured (``not_measured``)."""
+    today = checked.as_is
+    if today is None or today.reason:
+        return {"not_measured": "" if today is None else today.reason}
+    knobs = checked.speedup if checked.beats_baseline else None
+    out: dict[str, Any] = {
+        "line": today.line(knobs),
+        "speedup": None if today.today is None else today.today.triple(),
+        "pin": None if today.pin is None else today.pin.triple(),
+        "knobs": None if knobs is None else knobs.triple(),
+        "changes": today.changes,
+        "rounds": today.rounds,
+        "samples_per_s": today.measurements,
+        "pinned": today.pinned,
+    }
+    if today.failed:
+        out["failed"] = today.failed
+    return out
 
 
 def _unvalidated(best: optuna.trial.FrozenTrial, base: optuna.trial.FrozenTrial | None) -> str:

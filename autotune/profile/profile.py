@@ -13,7 +13,8 @@ same strict loader (``Profile.load``) that the user's training script uses::
                 baseline_peak_memory_mb?, pareto?, batch_changed?, baseline_runs?,
                 screening?, ablation?, limit?}
     env:       {NCCL_ALGO: Ring, OMP_NUM_THREADS: "1", ...}   # ALLOWED_ENV only, string values
-    ddp:       {bucket_cap_mb, gradient_as_bucket_view, static_graph, comm_hook: {name, ...}}
+    ddp:       {bucket_cap_mb, gradient_as_bucket_view, static_graph, comm_hook: {name, ...},
+                compile?}
     data:      {num_workers, pin_memory, prefetch_factor?, persistent_workers?}
     precision: fp32 | tf32 | bf16 | fp16
     batch:     {micro_batch, accumulation_steps, global_batch}
@@ -106,8 +107,14 @@ class Profile:
 
     @property
     def ddp_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``DistributedDataParallel`` (the hook is registered apart)."""
-        return {k: v for k, v in self.ddp.items() if k != "comm_hook"}
+        """Keyword arguments for ``DistributedDataParallel`` (the hook is registered apart, and
+        ``compile`` is applied by ``wrap``)."""
+        return {k: v for k, v in self.ddp.items() if k not in ("comm_hook", "compile")}
+
+    @property
+    def compile(self) -> str:
+        """The ``torch.compile`` mode ``wrap`` compiles the model with, ``none`` for none."""
+        return str(self.ddp.get("compile", "none"))
 
     @property
     def comm_hook(self) -> dict[str, Any]:
@@ -199,13 +206,18 @@ class Profile:
         return dict(self.env)
 
     def wrap(self, model: Any, **ddp_kwargs: Any) -> Any:
-        """``DistributedDataParallel(model)`` with the tuned kwargs and comm hook.
+        """``DistributedDataParallel(model)`` with the tuned kwargs and comm hook; with a
+        ``ddp.compile`` mode, DDP wraps ``torch.compile(model, mode=..., dynamic=False)``
+        (``apply.compile_model``: a mode this machine cannot run is a ``ConfigError`` saying
+        why). Compilation happens in the first steps; the state dict's keys then carry
+        torch.compile's ``_orig_mod.`` prefix.
 
         Extra keyword arguments (``device_ids=[local_rank]``) go to DDP as well. Warns when the
         hardware differs from where the profile was measured.
         """
         self.warn_if_hardware_differs()
-        wrapped = apply.wrap(model, self.ddp_kwargs, self.comm_hook, **ddp_kwargs)
+        tuned = {**self.ddp_kwargs, "compile": self.compile}
+        wrapped = apply.wrap(model, tuned, self.comm_hook, **ddp_kwargs)
         script_report.install(wrapped)  # only in a trial of autotune run ... -- CMD
         return wrapped
 
@@ -231,7 +243,7 @@ class Profile:
         threads = int(self.env.get("OMP_NUM_THREADS", "1"))
         return TrialConfig(
             env=dict(self.env),
-            ddp=self.ddp_kwargs,
+            ddp={k: v for k, v in self.ddp.items() if k != "comm_hook"},
             comm_hook=self.comm_hook,
             data=dict(self.data),
             precision=self.precision,

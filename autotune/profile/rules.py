@@ -71,8 +71,9 @@ SECTIONS = {
         "screening",
         "ablation",
         "limit",
+        "as_is",
     ),
-    "ddp": ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "comm_hook"),
+    "ddp": ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "comm_hook", "compile"),
     "data": ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers"),
     "batch": ("micro_batch", "accumulation_steps", "global_batch"),
 }

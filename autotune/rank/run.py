@@ -166,6 +166,7 @@ def _result(s: Session, windows: list[float], seconds: list[float], steps: int, 
         "micro_batch": s.loader.batch_size,
         "accumulation_steps": cfg.accumulation_steps,
         "grad_scaler": s.scaler.is_enabled(),
+        "compile": s.compile_facts(),  # what compiled, and nothing after the session's first steps
     }
     per_window = steps if limit is None else 1  # the limit probe's windows are single steps
     counted = per_window * len(windows)

@@ -14,6 +14,14 @@ still runs ahead of the device within the step); without ``phases`` it times not
 window is not slowed by it. ``communicate=False`` runs the same step on the bare model
 (``ddp.module``): DDP's hooks see no forward of DDP and reduce nothing, so the step is the
 rank's compute alone.
+
+A compiled configuration (``ddp.compile``, ``core.apply.compile_model``) compiles in its first
+steps. ``open_session`` runs them before it hands the session over (``Session.compile_warmup``):
+steps until one compiles no new graph on any rank, so the caller's warm-up settles on compiled
+steps and its windows time no compilation. Those steps are training steps like any other (their
+losses start the numerics curve) and their seconds are the trial's, charged to the budget with
+the rest of its wall time. ``Session.compile_facts`` says what compiled, and whether anything
+compiled after that (``late_graphs``): the rank reports it with its result.
 """
 
 from __future__ import annotations
@@ -27,7 +35,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from autotune.core import apply
+from autotune.core import apply, compat
+from autotune.core.compiling import NONE
 from autotune.core.numerics import CURVE_STEPS
 from autotune.core.rank_io import MemoryLimitExceeded, RankSpec
 from autotune.rank.env import torchrun_env
@@ -39,6 +48,12 @@ __all__ = [
     "open_session",
     "rss_mb",
 ]
+
+#: Steps a compiled configuration runs before the session is handed over: at least the first,
+#: until one compiles nothing new on any rank, at most the last (a model that keeps recompiling
+#: goes on, its ``late_graphs`` say so).
+COMPILE_MIN_STEPS = 2
+COMPILE_MAX_STEPS = 10
 
 #: The phases ``Session.step`` times, in the order they happen.
 PHASES = ("data", "forward", "backward", "optimizer")
@@ -154,6 +169,54 @@ class Session:
     """This trial's peak RSS (MiB), sampled where memory use peaks."""
     curve: list[Any] = field(default_factory=list)
     """The first steps' losses (tensors), for the numerics guard."""
+    compile_steps: int = 0
+    """Steps ``compile_warmup`` ran (0: the model is not compiled)."""
+    compile_s: float = 0.0
+    """Their seconds (the slowest rank's)."""
+    graphs: list[int | None] = field(default_factory=list)
+    """Dynamo's graph count (``compat.compiled_graphs``) before and after ``compile_warmup``."""
+
+    @property
+    def compile_mode(self) -> str:
+        return str(self.spec.config.ddp.get("compile", NONE))
+
+    def compile_warmup(self) -> None:
+        """A compiled configuration's first steps (module doc): from ``COMPILE_MIN_STEPS`` on,
+        until a step compiled no new graph on any rank (the slowest rank's count decides, so
+        every rank runs as many), at most ``COMPILE_MAX_STEPS``. Nothing when not compiled."""
+        if self.compile_mode == NONE:
+            return
+        self.sync()
+        started = time.perf_counter()
+        before = seen = compat.compiled_graphs()
+        while self.compile_steps < COMPILE_MAX_STEPS:
+            self.step()
+            self.compile_steps += 1
+            now = compat.compiled_graphs()
+            grew = self.slowest([float(now is not None and seen is not None and now > seen)])[0]
+            seen = now
+            if self.compile_steps >= COMPILE_MIN_STEPS and not grew:
+                break
+        self.sync()
+        self.compile_s = self.slowest([time.perf_counter() - started])[0]
+        self.graphs = [before, seen]
+
+    def compile_facts(self) -> dict[str, Any]:
+        """What compiled: the mode; for a compiled model, the graphs Dynamo captured in
+        ``compile_warmup`` (``graphs``: more than 0 when the model was compiled), those it
+        captured after it until now (``late_graphs``: 0 when nothing compiled in the caller's
+        warm-up or windows; None where torch has no counter), its steps and seconds."""
+        facts: dict[str, Any] = {"mode": self.compile_mode}
+        if self.compile_mode == NONE:
+            return facts
+        before, ready = self.graphs or [None, None]
+        now = compat.compiled_graphs()
+        known = before is not None and ready is not None and now is not None
+        facts["graphs"] = ready - before if known else None
+        facts["late_graphs"] = now - ready if known else None
+        facts["steps"] = self.compile_steps
+        facts["seconds"] = round(self.compile_s, 3)
+        return facts
 
     @property
     def cuda(self) -> bool:
@@ -238,10 +301,23 @@ def open_session(spec: RankSpec, store: Any) -> Iterator[Session]:
 
     device = _prepare_process(spec)
     _init_group(spec, store)
+    compiled = spec.config.ddp.get("compile", NONE) != NONE
     try:
-        yield _build(spec, device)
+        if compiled:  # an earlier trial's graphs: dynamo allows 8 per code object, then eager
+            _reset_compiler()
+        session = _build(spec, device)
+        session.compile_warmup()
+        yield session
     finally:
+        if compiled:  # its compiled code holds this trial's model
+            _reset_compiler()
         dist.destroy_process_group()
+
+
+def _reset_compiler() -> None:
+    import torch
+
+    torch.compiler.reset()
 
 
 def _prepare_process(spec: RankSpec) -> Any:

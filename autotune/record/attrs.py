@@ -35,6 +35,7 @@ __all__ = [
     "STOP_KINDS",
     "AblationRecord",
     "ArmRecord",
+    "AsIsRecord",
     "Contribution",
     "FirstMeasurement",
     "IntervalRecord",
@@ -170,6 +171,55 @@ class ArmRecord:
     beats_baseline: bool
 
 
+def _x(ci: IntervalRecord) -> str:
+    """``1.59x [1.50, 1.68]``: a speedup with its 95 % interval."""
+    low = "?" if ci.low is None else f"{ci.low:.2f}"
+    high = "?" if ci.high is None else f"{ci.high:.2f}"
+    return f"{ci.median:.2f}x [{low}, {high}]"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AsIsRecord:
+    """The user's job as it runs today (the defaults without the allocator pin, with
+    torchrun's threads), measured in re-validation against the pinned defaults and the winner,
+    interleaved, every arm in new processes (``search.validation``); or why it was not
+    (``reason``, and no figures)."""
+
+    reason: str = ""
+    rounds: int = 0
+    order: list[str] = field(default_factory=list)
+    measurements: dict[str, list[float]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    changes: list[str] = field(default_factory=list)
+    """What autotune's defaults add to the job as it runs today."""
+    pinned: dict[str, bool | None] = field(default_factory=dict)
+    """Per arm: whether its rank processes read glibc's allocator back as pinned (None: not
+    read: script mode, or no glibc 2.33)."""
+    today: IntervalRecord | None = None
+    """The winner over the job as it runs today, paired by round."""
+    pin: IntervalRecord | None = None
+    """The pinned defaults over the job as it runs today: what ``changes`` alone give."""
+    timed_s: float = 0.0
+
+    def line(self, knobs: IntervalRecord | None) -> str:
+        """One line for people: the speedup over the job as it runs today, the part of it
+        autotune's defaults give (``pin``), and the part the tuned knobs give (``knobs``: the
+        re-validation's winner over the defaults; None when the defaults won); or why there
+        is none."""
+        if self.reason:
+            return f"your job as it runs today: {self.reason}"
+        of = " and ".join(self.changes) or "the allocator pin"
+        tuned = "" if knobs is None else f", {_x(knobs)} from the tuned knobs"
+        if self.pin is None:
+            why = "; ".join(f"{k}: {v}" for k, v in self.failed.items())
+            return f"your job as it runs today: the defaults' runs failed ({why})"
+        if self.today is None or self.today == self.pin:
+            alone = "" if self.today is not None else " (the winner's runs failed)"
+            return f"{_x(self.pin)} your job as it runs today, from {of}{alone}{tuned}"
+        head = f"{_x(self.today)} your job as it runs today"
+        return f"{head} (of which {of} {_x(self.pin)}){tuned}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class ValidationRecord:
     """The last re-validation (attribute ``validation``; ``search.validation``)."""
@@ -185,6 +235,8 @@ class ValidationRecord:
     failed: dict[str, str] = field(default_factory=dict)
     timed_s: float = 0.0
     after_trial: int = 0
+    as_is: AsIsRecord | None = None
+    """The user's job as it runs today, measured against the defaults and the winner."""
 
     def __post_init__(self) -> None:
         for key in (self.winner, "baseline"):

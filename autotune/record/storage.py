@@ -11,10 +11,12 @@ import re
 import time
 import warnings
 from pathlib import Path
-
-import optuna
+from typing import TYPE_CHECKING
 
 from autotune.core.errors import ConfigError
+
+if TYPE_CHECKING:  # imported where a storage is opened: the CLI's entry stays light
+    import optuna
 
 __all__ = ["check_url", "default_url", "display_url", "open_storage", "redact"]
 
@@ -113,6 +115,8 @@ SCHEMA_RACE_TRIES = 4
 
 def open_storage(url: str) -> optuna.storages.RDBStorage:
     """The study storage at ``url``, with heartbeats; SQLite with a busy timeout."""
+    import optuna
+
     kwargs = {}
     if url.startswith("sqlite"):
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}

@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.core.knobs import changed_knobs
+from autotune.core.values import number
 from autotune.definition.durations import format_duration
 from autotune.record import trial as tr
 from autotune.record.study import baseline_trial, complete, failure_reasons
@@ -130,7 +131,7 @@ class RunView:
             if e.failure is not None:
                 return [Text.assemble(f"  {e.key:>10} ", ("FAIL", "red"), f" {e.failure}")]
             pm = 100 * (e.rel_half_width or 0.0)
-            return [Text(f"  {e.key:>10} {e.throughput:9.1f} samples/s ±{pm:.1f}%")]
+            return [Text(f"  {e.key:>10} {number(e.throughput):>9} samples/s ±{pm:.1f}%")]
         if isinstance(e, ev.ValidationDone):
             self.running.clear()
             if e.winner is None:
@@ -218,7 +219,8 @@ def _screening_lines(e: ev.ScreeningDone) -> list[Text]:
 
 
 def _trial_line(e: ev.TrialFinished) -> Text:
-    """``[1m05s]   trial 3     512.0 samples/s  1.21x ±2.1% 4w  static_graph=True``."""
+    """``[1m05s]   trial 3     512 samples/s  1.21x ±2.1% 4w  static_graph=True`` (54,350
+    samples/s for a fast one: ``autotune.core.values.number``)."""
     shown = format_changes(e.changes)
     head = f"[{format_duration(e.elapsed_s)}] {e.tag:>9} "
     if e.outcome == ev.Outcome.FAILED:
@@ -228,7 +230,7 @@ def _trial_line(e: ev.TrialFinished) -> Text:
     pm = 100 * (e.rel_half_width or 0.0)
     return Text.assemble(
         head,
-        (f"{e.throughput:9.1f}", "green"),
+        (f"{number(e.throughput):>9}", "green"),
         f" samples/s {speedup}x ",
         pruned,
         f"±{pm:.1f}% {e.windows}w  ",
@@ -267,10 +269,10 @@ def summary_table(study: Any, *, top: int = 5) -> Table:
         tag = " (baseline)" if is_base else ""
         if multi and is_base and t.number not in front:
             tag = " (baseline, dominated)"
-        memory = [f"{t.values[1]:.0f}"] if multi else []
+        memory = [number(t.values[1])] if multi else []
         table.add_row(
             f"{t.number}{tag}",
-            f"{t.values[0]:.1f}",
+            number(t.values[0]),
             f"{_speedup(t):.2f}x",
             *memory,
             changed_settings(t.params, reference),
@@ -298,7 +300,7 @@ def format_changes(changes: dict[str, Any]) -> str:
 
 
 def _short(v: Any) -> str:
-    return f"{v:.3g}" if isinstance(v, float) else str(v)
+    return number(v) if isinstance(v, float) else str(v)
 
 
 def _speedup(t: Any) -> float:

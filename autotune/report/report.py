@@ -1,10 +1,11 @@
 """``autotune report``: a study as one HTML page and a set of PNG figures.
 
-Every figure comes from Optuna's own visualization module, built twice from the same call:
+Most figures come from Optuna's own visualization module, built twice from the same call:
 ``optuna.visualization`` (plotly, interactive, in the HTML page) and
 ``optuna.visualization.matplotlib`` (the PNGs, which need no browser to make or to view).
-The figures Optuna has no function for (failures by reason, where the step time goes) are
-plain bar charts (``autotune.report.figures``).
+The figures Optuna has no function for are the report's own (``autotune.report.figures``):
+every trial's speedup with its 95 % interval as error bars, and the re-validation's (Optuna's
+history plots points alone), failures by reason and where the step time goes.
 
 The page also carries what the figures cannot: the study's workload and hardware, baseline and
 best throughput, the best trials with the settings they changed, each failure with its reason,
@@ -22,9 +23,14 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.core.files import replace_whole
-from autotune.record import trial as tr
 from autotune.record.study import complete, failure_reasons
-from autotune.report.figures import LIMIT_TITLE, failure_figures, limit_figures
+from autotune.report.figures import (
+    LIMIT_TITLE,
+    SPEEDUP_TITLE,
+    failure_figures,
+    limit_figures,
+    speedup_figures,
+)
 from autotune.report.page import Figure, Report, html_page, objective_name
 
 __all__ = ["Figure", "Report", "build", "write"]
@@ -32,11 +38,6 @@ __all__ = ["Figure", "Report", "build", "write"]
 #: Fewest distinct COMPLETE trials for the parameter-importance figure: below it the ranking is
 #: noise (a report of 6 trials ranked bucket_cap_mb first while bf16 was the lever).
 MIN_IMPORTANCE_TRIALS = 10
-
-
-def _speedup(t: FrozenTrial) -> float:
-    v = tr.speedup(t)
-    return float("nan") if v is None else v
 
 
 def _optuna_figures(study: optuna.Study) -> list[tuple[str, str, str, dict[str, Any]]]:
@@ -50,12 +51,6 @@ def _optuna_figures(study: optuna.Study) -> list[tuple[str, str, str, dict[str, 
             f"Optimisation history ({name})",
             "plot_optimization_history",
             {"target": first, "target_name": name},
-        ),
-        (
-            "speedup",
-            "Speedup over the baseline, per trial",
-            "plot_optimization_history",
-            {"target": _speedup, "target_name": "speedup vs baseline"},
         ),
         (
             "importances",
@@ -131,6 +126,12 @@ def build(study: optuna.Study) -> Report:
             )
             _retitle(fig)
             report.figures.append(fig)
+    drawn = speedup_figures(study)
+    at = 2 if len(study.directions) > 1 else 1  # after the history (and the Pareto front)
+    if isinstance(drawn, str):
+        report.figures.insert(at, Figure("speedup", SPEEDUP_TITLE, skipped=drawn))
+    else:
+        report.figures.insert(at, Figure("speedup", SPEEDUP_TITLE, *drawn))
     failures = failure_reasons(study)
     if failures:
         pf, mf = failure_figures(failures)
@@ -148,8 +149,7 @@ def build(study: optuna.Study) -> Report:
 
 
 def _retitle(fig: Figure) -> None:
-    """Optuna's generic titles ("Slice Plot") become the report's; the speedup figure gets
-    the baseline's level as a reference line."""
+    """Optuna's generic titles ("Slice Plot") become the report's."""
     import numpy as np
 
     fig.plotly.update_layout(title=fig.title)
@@ -161,10 +161,6 @@ def _retitle(fig: Figure) -> None:
         axes.flat[0].set_title(fig.title)
     else:
         axes.flat[0].figure.suptitle(fig.title)
-    if fig.name == "speedup":
-        fig.plotly.add_hline(y=1.0, line_dash="dash", line_color="gray", annotation_text="baseline")
-        axes.flat[0].axhline(1.0, linestyle="--", color="gray", label="baseline (1.0x)")
-        axes.flat[0].legend(loc="best")
 
 
 def _mpl_figure(obj: Any) -> Any:

@@ -16,6 +16,11 @@ drop their variant (its knob is kept).
 Called from the main thread after re-validation, on the first placement group; the record
 (study user attribute ``ablation``) is read by ``export``. Rounds are what the budget left
 holds (at least 2), at most the re-validation's.
+
+The allocator pin is listed as a contribution too (``PIN``), though it is no knob: the
+re-validation measured the pinned defaults against the user's job as it runs today, in new
+processes (``validation.against_today``), and that ratio is its share. It is always kept:
+every configuration, the winner included, was measured with it.
 """
 
 from __future__ import annotations
@@ -43,9 +48,11 @@ from autotune.report.events import Emit, Note
 from autotune.search.budget import Budget
 from autotune.search.validation import measure_interleaved
 
-__all__ = ["ablate", "variants"]
+__all__ = ["PIN", "ablate", "pin_contribution", "variants"]
 
 WINNER = "winner"
+#: The allocator pin's row of the contributions (``autotune.core.allocator``).
+PIN = "allocator pin"
 REDUCED = "without the unproven knobs"
 #: The confidence of the interval a knob's contribution must lie above 1 in to be kept.
 CONFIDENCE = 0.95
@@ -79,8 +86,7 @@ def ablate(
     or the budget left holds fewer than two rounds."""
     if not definition.ablate or validation is None or not validation.beats_baseline:
         return None
-    number = validation.trials[validation.winner]
-    winner = study.trials[number]
+    winner = study.trials[number := validation.trials[validation.winner]]
     options = variants(space, dict(winner.params))
     removable = {k: p for k, p in options.items() if isinstance(p, dict)}
     if len(options) < 2 or not removable:
@@ -108,6 +114,7 @@ def ablate(
         space, winner.params, contributions, number, configs[WINNER], rounds, short, budget,
         measure, emit,
     )  # fmt: skip
+    contributions.update(pin_contribution(validation))
     record = AblationRecord(
         trial=number,
         rounds=rounds,
@@ -191,9 +198,24 @@ def _contributions(
     return out, together
 
 
+def pin_contribution(validation: ValidationRecord) -> dict[str, Contribution]:
+    """The allocator pin's row (``PIN``): the pinned defaults over the user's job as it runs
+    today, as re-validation measured them; none where that was not measured."""
+    today = validation.as_is
+    if today is None or today.pin is None or None in today.pin.triple():
+        return {}
+    low, med, high = today.pin.triple()
+    why = (f"not a knob: the defaults over your job as it runs today ({today.rounds} rounds, "
+           f"new processes); every configuration was measured with it")  # fmt: skip
+    return {PIN: Contribution(value="on", kept=True, speedup=[low, med, high], why=why)}
+
+
 def _say(record: AblationRecord, emit: Emit) -> None:
     for k, c in record.contributions.items():
-        if c.speedup is not None:
+        if k == PIN and c.speedup is not None:
+            emit(Note(f"  {PIN}: {c.speedup[1]:.3f}x ({c.speedup[0]:.3f}-{c.speedup[2]:.3f}), "
+                      f"kept ({c.why})"))  # fmt: skip
+        elif c.speedup is not None:
             low, med, high = c.speedup
             verdict = "kept" if c.kept else "dropped: no gain beyond the noise"
             shown = f"{med:.3f}x ({low:.3f}-{high:.3f})"

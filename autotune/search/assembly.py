@@ -69,6 +69,7 @@ class Assembly:
             measure=self.measure,
             emit=self.emit,
             defaults=self.space.defaults(),
+            budget=self.budget,
         )
         ablate(
             study=self.study,

@@ -24,6 +24,19 @@ MAX_ROUNDS = 10
 LIMIT_RUNS = 2
 #: The most of the budget kept for them.
 LIMIT_SHARE = 0.05
+#: What starting new rank processes adds to a run when no trial of this invocation says
+#: (``bench/pool_overhead.py``: 7.6 s of overhead fresh against 3.2 s pooled, docs/benchmark.md).
+FRESH_START_S = 4.5
+#: Rounds of the comparison with the job as it runs today, at most: its runs start new
+#: processes (about twice a pooled run's cost), and it is the second figure of the run, not
+#: the one the search chooses by; two rounds under ``AS_IS_SHORT_S`` of budget.
+AS_IS_MAX_ROUNDS = 3
+AS_IS_SHORT_S = 600.0
+
+
+def as_is_max_rounds(total_s: float) -> int:
+    """The most rounds of the comparison with the job as it runs today at this budget."""
+    return 2 if total_s < AS_IS_SHORT_S else AS_IS_MAX_ROUNDS
 
 
 def _shrunk(top: int, rounds: int, run_wall_s: float, room: float) -> tuple[int, int]:
@@ -104,6 +117,10 @@ class Budget:
         #: Runs kept for the limit probes at the end (``autotune.limit.probe``): two, each about
         #: as long as a re-validation run, when the study measures the limit.
         self.limit_runs = LIMIT_RUNS if definition.limit else 0
+        #: Arms of the comparison with the user's job as it runs today (``search.validation``:
+        #: that job, the defaults and the winner, each run in new processes); 0 where the
+        #: measurer cannot run that job (set by ``tuner.run``; the replay keeps 0).
+        self.as_is_arms = 0
 
     def start(self) -> None:
         """The clock starts now (just before the first trial), unless it started with the
@@ -165,6 +182,34 @@ class Budget:
             return 0
         return min(plan[1], int(self.left_s() // (ablation_runs(knobs) * medians[1])))
 
+    def fresh_run_s(self) -> float | None:
+        """A re-validation run's wall seconds in new processes: the typical run plus the
+        process start, which the first trial of this invocation paid (every run starts its
+        pool afresh) over the median; ``FRESH_START_S`` until a second trial says. None before
+        any trial ended."""
+        medians = self._medians()
+        if medians is None:
+            return None
+        with self._lock:
+            first = self._rerun_walls[0] if len(self._rerun_walls) >= 3 else None
+        start = FRESH_START_S if first is None else max(first - medians[1], 0.0)
+        return medians[1] + start
+
+    def as_is_rounds(self, arms: int) -> int:
+        """Rounds of ``arms`` fresh runs (the comparison with the job as it runs today) that
+        the budget left holds, less the limit probes, at most the re-validation's and
+        ``as_is_max_rounds``; 0 when the
+        measurer cannot run that job (``as_is_arms``)."""
+        run, medians = self.fresh_run_s(), self._medians()
+        if not self.as_is_arms or run is None or medians is None:
+            return 0
+        plan = validation_plan(self.d, self.total_s, medians[1])
+        if plan is None:
+            return 0
+        room = self.left_s() - self.limit_reserve_s(medians[1])
+        most = min(plan[1], as_is_max_rounds(self.total_s))
+        return max(0, min(most, int(room // (arms * run))))
+
     def limit_reserve_s(self, run_wall_s: float) -> float:
         """Seconds kept for the limit probes: ``limit_runs`` re-validation-sized runs, at most
         ``LIMIT_SHARE`` of the budget (a probe in pooled processes takes less than a run: on
@@ -178,7 +223,8 @@ class Budget:
 
     def reserve_s(self, *, to_revalidate: int, ablate: int = 0, rounds: int | None = None) -> float:
         """Seconds kept for what follows the search: the re-validation of ``to_revalidate``
-        candidates (as many as the plan takes), the ablation of a winner changing ``ablate``
+        candidates (as many as the plan takes), the comparison with the job as it runs today
+        (``as_is_arms`` fresh runs a round), the ablation of a winner changing ``ablate``
         knobs, each over the plan's rounds or ``rounds`` if fewer (what the candidates' gain
         needs: ``stats.rounds_to_tell``), and the limit probes. The search decides which
         candidates earn a reserve (``search.Search``: those beyond their noise)."""
@@ -187,13 +233,15 @@ class Budget:
             return 0.0
         run = medians[1]
         plan = validation_plan(self.d, self.total_s, run)
-        runs = 0
+        runs, fresh = 0, 0.0
         if plan is not None and to_revalidate:
             n = plan[1] if rounds is None else min(plan[1], rounds)
             runs = (min(to_revalidate, plan[0]) + 1) * n
             if ablate >= 2:
                 runs += ablation_runs(ablate) * n
-        return run * runs + self.limit_reserve_s(run)
+            fresh = self.as_is_arms * min(n, as_is_max_rounds(self.total_s))
+            fresh *= self.fresh_run_s() or run
+        return run * runs + fresh + self.limit_reserve_s(run)
 
     def room_for_another(
         self, *, to_revalidate: int, ablate: int = 0, rounds: int | None = None

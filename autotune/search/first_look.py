@@ -63,6 +63,10 @@ def first_measurement(
         emit(Note(f"Screening order from the first measurement: {order or 'nothing'}"))
         bar = max(ev.noise, HELPS)
         for p in skipped:
+            if p.prior.compute_only and ev.bound != "compute":  # compile: compute-bound only
+                emit(Note(f"Not screened: {p.prior.label}: the step is {ev.bound}-bound, and it "
+                          "shortens only compute"))  # fmt: skip
+                continue
             emit(Note(f"Not screened: {p.prior.label}: at most {p.gain:.3f}x on this step, "
                       f"within the noise (±{bar:.1%})"))  # fmt: skip
     return ev

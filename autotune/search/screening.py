@@ -55,7 +55,7 @@ from autotune.record.typed import write
 from autotune.report.events import ScreeningDone
 
 __all__ = ["HELPS", "PRIORS", "Planned", "Prior", "Screening", "applicable", "plan", "ruled_out"]
-__all__ += ["verdict"]
+__all__ += ["gain", "verdict"]
 
 #: The ``anchor`` attribute of the run of the defaults that closes the screening.
 AGAIN = "after screening"
@@ -85,6 +85,8 @@ class Prior:
     moves: dict[str, Any]
     reason: str
     when: Callable[[Target], bool] = field(default=_always)
+    compute_only: bool = False
+    """Screened only where a first measurement says compute bounds the step (``plan``)."""
 
 
 PRIORS: tuple[Prior, ...] = (
@@ -101,6 +103,14 @@ PRIORS: tuple[Prior, ...] = (
         moves={"precision": "tf32"},
         when=lambda t: t.device == "cuda" and t.tf32,
         reason="fp32 matmuls on TF32 tensor cores, numerics close to fp32",
+    ),
+    Prior(
+        label="compile=default",
+        moves={"compile": "default"},
+        when=lambda t: t.compile_problem is None,
+        compute_only=True,
+        reason="torch.compile fuses the forward's and backward's kernels; its compile time is in "
+        "every such trial's warm-up, so only a compute-bound step is worth it",
     ),
     Prior(
         label="comm_hook=bf16",
@@ -181,16 +191,37 @@ def plan(space: ResolvedSpace, evidence: Evidence | None) -> tuple[list[Planned]
     """(the priors to screen, in order; the priors skipped). Without ``evidence``, every
     applicable prior in the listed order. With it, by expected gain, highest first
     (``UNMODELLED`` standing in where no model applies), and those whose optimistic gain is
-    within the baseline's noise (``evidence.noise``, at least ``HELPS``) skipped."""
+    within the baseline's noise (``evidence.noise``, at least ``HELPS``) skipped. A
+    ``compute_only`` prior (compile) needs the evidence of a compute-bound step: without
+    evidence it is left out, on any other bound it is skipped (its gain taken as 1)."""
     todo = [Planned(p, params, None) for p, params in applicable(space)]
     if evidence is None:
-        return todo, []
+        return [t for t in todo if not t.prior.compute_only], []
     bar = 1 + max(evidence.noise, HELPS)
-    rated = [Planned(t.prior, t.params, expected_gain(t.prior.moves, evidence)) for t in todo]
+    rated = [Planned(t.prior, t.params, gain(t.prior, evidence)) for t in todo]
     keep = [t for t in rated if t.gain is None or t.gain > bar]
     skip = [t for t in rated if t.gain is not None and t.gain <= bar]
     keep.sort(key=lambda t: -(UNMODELLED if t.gain is None else t.gain))  # stable: listed order
     return keep, skip
+
+
+#: The most torch.compile is assumed to speed up forward and backward (optimistic: its
+#: published training speedups are mostly well below 2x).
+COMPILE_SPEEDUP = 2.0
+
+
+def gain(prior: Prior, ev: Evidence) -> float | None:
+    """``prior``'s optimistic gain on ``ev``'s step (``limit.evidence.expected_gain``); a
+    ``compute_only`` prior's is 1 unless compute bounds the step. Compile's model is lower
+    precision's: forward and backward ``COMPILE_SPEEDUP`` times faster, less the communication
+    the shorter backward no longer hides."""
+    if prior.compute_only and ev.bound != "compute":
+        return 1.0
+    if "compile" not in prior.moves:
+        return expected_gain(prior.moves, ev)
+    saved = (ev.forward_s + ev.backward_s) * (1 - 1 / COMPILE_SPEEDUP)
+    unhidden = max(ev.hidden_s - ev.backward_s / COMPILE_SPEEDUP, 0.0)
+    return ev.speedup_if_saved(saved - unhidden)
 
 
 def ruled_out(study: optuna.Study) -> frozenset[str]:

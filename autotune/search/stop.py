@@ -23,6 +23,7 @@ from typing import Any
 import optuna
 
 from autotune.core.knobs import changed_knobs
+from autotune.core.values import number
 from autotune.definition.studydef import StudyDefinition
 from autotune.limit.evidence import Evidence
 from autotune.record import trial as tr
@@ -149,7 +150,7 @@ class Convergence:
                 self.reached = (
                     f"converged: for {CONVERGED_TRIALS} trials in a row a GP over the "
                     f"{len(done)} completed trials bounds what any point could still gain at "
-                    f"{regret:.3g} samples/s, within the noise ({noise:.3g})"
+                    f"{number(regret)} samples/s, within the noise ({number(noise)})"
                 )
             return self.reached, None
 

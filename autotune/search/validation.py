@@ -7,6 +7,14 @@ Each run measures ``rerun_windows`` windows (``MeasureSettings.rerun``): the com
 noise is between runs (the machine drifts), not between the windows of one run, so short runs
 in more rounds say more than long runs in few (docs/search.md weighs 3 windows against 4).
 Called from the main thread after the search, on the first placement group.
+
+Then the user's job as it runs today (``against_today``): the defaults without anything
+autotune adds (no allocator pin, torchrun's threads; ``core.config.as_it_runs``), interleaved
+with the pinned defaults and the winner, each run in new rank processes. ``mallopt`` cannot be
+undone in a process, so that job needs processes that never pinned; and glibc's dynamic
+thresholds catch up in reused processes (docs/measurement.md) but not in a user's new ones, so
+the arms it is compared with start afresh too: the same regime on every side. The candidates'
+own comparison stays in the warm pool, where more rounds fit.
 """
 
 from __future__ import annotations
@@ -16,16 +24,19 @@ from typing import Any
 
 import optuna
 
+from autotune.core import allocator
 from autotune.core.compare import choose, interleave
+from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.errors import TrialFailed
 from autotune.core.knobs import changed_knobs
+from autotune.core.stats import speedup_ci
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.measure import Measurer
 from autotune.launch.results import TrialResult
 from autotune.record import trial as tr
-from autotune.record.attrs import ValidationRecord, save
+from autotune.record.attrs import AsIsRecord, IntervalRecord, ValidationRecord, save
 from autotune.record.study import anchored_speedups, baseline_trial, complete
-from autotune.record.typed import read
+from autotune.record.typed import read, write
 from autotune.report.events import (
     Emit,
     Note,
@@ -34,8 +45,12 @@ from autotune.report.events import (
     ValidationRun,
     ValidationStarted,
 )
+from autotune.search.budget import Budget
 
-__all__ = ["candidates", "measure_interleaved", "revalidate"]
+__all__ = ["TODAY", "against_today", "candidates", "measure_interleaved", "revalidate"]
+
+#: The key of the user's job as it runs today.
+TODAY = "as it runs today"
 
 
 def candidates(study: optuna.Study, top: int) -> dict[str, optuna.trial.FrozenTrial]:
@@ -103,12 +118,11 @@ def revalidate(
     measure: Measurer,
     emit: Emit,
     defaults: dict[str, Any],
+    budget: Budget | None = None,
 ) -> ValidationRecord | None:
     """Measure the best ``plan[0]`` configurations and the baseline again over ``plan[1]``
-    interleaved rounds; store the choice made from those numbers on the study (user attribute
-    ``validation``) and return it. None when there is no plan, nothing above the baseline, the
-    baseline failed, or every candidate failed. ``defaults``: the space's defaults, for what
-    each run changes."""
+    interleaved rounds, then the job as it runs today (``against_today``); store the record
+    (attribute ``validation``) and return it. None when there is nothing to compare."""
     base = baseline_trial(study)
     if plan is None or base is None:
         return None
@@ -138,6 +152,10 @@ def revalidate(
         emit(ValidationDone(winner=None, reason="Every candidate failed: nothing to re-validate"))
         return None
     v = choose(runs, "baseline")
+    emit(ValidationDone(winner=v.winner, beats_baseline=v.beats_baseline, reason=v.reason,
+                        speedup=(v.speedup.low, v.speedup.median, v.speedup.high)))  # fmt: skip
+    today = against_today(measure, emit, {k: trials[k] for k in ("baseline", v.winner)},
+                          rounds=rounds, rerun=rerun, defaults=defaults, budget=budget)  # fmt: skip
     record = read(ValidationRecord, {
         **v.to_dict(),
         "trials": {k: trials[k].number for k in runs},
@@ -146,9 +164,93 @@ def revalidate(
         "failed": failed,
         "timed_s": round(timed_s, 3),
         "after_trial": max(t.number for t in study.get_trials(deepcopy=False)),
+        "as_is": None if today is None else write(today),
     }, "validation")  # fmt: skip
     save(study, record)
-    sp = v.speedup
-    emit(ValidationDone(winner=v.winner, beats_baseline=v.beats_baseline,
-                        speedup=(sp.low, sp.median, sp.high), reason=v.reason))  # fmt: skip
+    if record.as_is is not None:
+        emit(Note(record.as_is.line(record.speedup if v.beats_baseline else None)))
     return record
+
+
+def against_today(
+    measure: Measurer,
+    emit: Emit,
+    arms: dict[str, optuna.trial.FrozenTrial],
+    *,
+    rounds: int,
+    rerun: MeasureSettings,
+    defaults: dict[str, Any],
+    budget: Budget | None = None,
+) -> AsIsRecord | None:
+    """The user's job as it runs today (the defaults of ``arms["baseline"]`` without what
+    autotune adds) against the pinned defaults and the winner (the other key of ``arms``, when
+    it is not the baseline), interleaved over ``rounds`` rounds (with ``budget``: the rounds it
+    leaves, at most the re-validation's), each run in new processes (module doc). A record
+    saying why not when the measurer cannot run that job, the budget holds fewer than 2 rounds
+    or its run fails; None where the measurer has no such job at all (the replay)."""
+    as_is, fresh = getattr(measure, "as_is", None), getattr(measure, "fresh", None)
+    if as_is is None or fresh is None:
+        return None
+    if budget is not None:
+        rounds = budget.as_is_rounds(len(arms) + 1)
+    base = tr.config(arms["baseline"])
+    today = as_is(base)
+    if isinstance(today, str):
+        return AsIsRecord(reason=today)
+    keys = [TODAY, *arms]
+    if rounds < 2:
+        return AsIsRecord(reason=f"not measured: the budget left holds no 2 rounds of its "
+                                 f"{len(keys)} runs in new processes")  # fmt: skip
+    configs = {TODAY: today, **{k: tr.config(t) for k, t in arms.items()}}
+    said = {TODAY: {"allocator pin": "off", "threads": today.threads}}
+    said.update({k: changed_knobs(t.params, defaults) for k, t in arms.items()})
+    pinned: dict[str, bool | None] = {}
+    failure: list[str] = []
+    order = interleave(keys, rounds)
+    emit(Note(f"Measuring your job as it runs today against the defaults"
+              f"{'' if len(keys) == 2 else ' and ' + keys[-1]}: {rounds} interleaved rounds, "
+              f"every run in new processes ({len(order)} runs)"))  # fmt: skip
+
+    def run(key: str) -> TrialResult:
+        emit(TrialStarted(tag=f"re-validating {key} (new processes)", changes=said[key]))
+        number = arms.get(key, arms["baseline"]).number
+        try:
+            result = fresh(number, configs[key], measure=rerun, pin=key != TODAY)
+        except TrialFailed as e:
+            failure.append(f"{e.reason}: {e.detail}")
+            raise
+        pinned[key] = _pinned(result)
+        return result
+
+    done = measure_interleaved(keys, order, run, emit, essential=TODAY)
+    if done is None:
+        return AsIsRecord(reason=f"not measured: its run failed ({failure[-1]})", order=order)
+    runs, failed, timed_s = done
+    return AsIsRecord(rounds=rounds, order=order, failed=failed, changes=_added(today, base),
+                      pinned=pinned, timed_s=round(timed_s, 3),
+                      measurements={k: [round(x, 2) for x in xs] for k, xs in runs.items()},
+                      pin=_ratio(runs, "baseline", failed),
+                      today=_ratio(runs, keys[-1], failed))  # fmt: skip
+
+
+def _ratio(runs: dict[str, list[float]], key: str, failed: dict[str, str]) -> IntervalRecord | None:
+    """``key`` over the job as it runs today, paired by round; None when ``key`` failed."""
+    if key in failed:
+        return None
+    n = min(len(runs[key]), len(runs[TODAY]))
+    return read(IntervalRecord, speedup_ci(runs[key][:n], runs[TODAY][:n]).to_dict(), "as_is")
+
+
+def _pinned(result: TrialResult) -> bool | None:
+    """Whether every rank read glibc's allocator back as pinned (``allocator.pinned``); None
+    when a rank did not say (script mode)."""
+    seen = [r.applied.get("allocator_pinned") for r in result.ranks]
+    return None if None in seen or not seen else all(seen)
+
+
+def _added(today: TrialConfig, base: TrialConfig) -> list[str]:
+    """What autotune's defaults ``base`` add to the job as it runs ``today``, in words."""
+    out = ["the allocator pin"] if any(k in base.env for k in allocator.ENV) else []
+    if today.threads != base.threads:
+        out.append(f"{base.threads} threads a rank (today {today.threads})")
+    return out

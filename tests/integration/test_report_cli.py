@@ -52,6 +52,15 @@ def test_report_of_an_unknown_study_is_one_line_and_writes_nothing(finished_run,
     assert p.stderr.startswith("autotune: error: --study-name nope: no such study")
     assert p.stderr.count("\n") == 1 and f"it has {STUDY}" in p.stderr
     assert not out.exists()
+    # --study, its old spelling here (deprecated for a release): the same, said in one line
+    p = autotune(finished_run["env"], "report", "--study", "nope", "-o", str(out), rc=2)
+    assert p.stderr.splitlines() == [
+        "autotune: deprecated: --study is now --study-name; the old spelling goes in the next "
+        "release",
+        f"autotune: error: --study-name nope: no such study in {finished_run['url']}; it has "
+        f"{STUDY}",
+    ]
+    assert not out.exists()
 
 
 def test_dashboard_prints_the_address_of_the_study_page(finished_run):
@@ -117,7 +126,7 @@ def test_a_terminal_gets_the_live_display_and_a_summary_table(ray_address, run_e
     assert re.search(r"running trial 1: \S+=", frames)
     assert re.search(r"best \d+\.\d\dx \(trial \d+\)", frames)
     # the log lines stay, the live part is gone at the end, then the summary table
-    assert re.search(r"baseline +[\d.]+ samples/s +1\.00x", frames)
+    assert re.search(r"baseline +[\d.,]+ samples/s +1\.00x", frames)
     tail = frames[frames.rindex("Best of") :]
     assert "0 (baseline)" in tail and "budget" not in tail
     assert "\x1b[" in raw  # a terminal gets colour

@@ -4,6 +4,7 @@ Optuna storage, read back by Optuna's own API and by the real optuna-dashboard."
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -86,6 +87,9 @@ def test_run_says_what_it_left_out_and_where_things_are(finished_run):
     assert "comm_hook=bf16: torch refuses bf16_compress_hook without NCCL" in out
     assert f"Storage    {finished_run['url']}" in out
     assert "optuna-dashboard sqlite:///" in out
+    # the re-validation it plans, said once the study is open (not defaults it then changes)
+    assert (f"Re-validation: up to 3 candidates x 5 rounds against the baseline, fitted to a "
+            f"third of the {BUDGET_S}s budget") in out  # fmt: skip
 
 
 def test_profile_has_every_key_and_is_the_best_trial(finished_run):
@@ -164,6 +168,39 @@ def test_export_writes_the_same_profile(finished_run, tmp_path):
     written = Profile.load(finished_run["home"] / "profiles" / f"{STUDY}.yaml")
     assert exported.ddp == written.ddp and exported.batch == written.batch
     assert exported.measured["speedup"] == written.measured["speedup"]
+    # the storage holds one study: export finds it, as report does
+    only = autotune(finished_run["env"], "export", "--output", str(tmp_path / "only.yaml"))
+    assert only.stderr == "" and (tmp_path / "only.yaml").read_text() == out.read_text()
+
+
+@pytest.mark.parametrize("fmt", ["lightning", "accelerate", "hf-trainer"])
+def test_export_format_prints_the_frameworks_snippet_of_the_profile(finished_run, tmp_path, fmt):
+    """`autotune export --format F` prints Python that compiles and carries the exported
+    profile's bucket size; with -o it writes the same text to the file."""
+    bucket = Profile.load(finished_run["home"] / "profiles" / f"{STUDY}.yaml").ddp["bucket_cap_mb"]
+    p = autotune(finished_run["env"], "export", "--format", fmt)
+    compile(p.stdout, f"<{fmt} snippet>", "exec")
+    found = re.search(r"bucket_cap_mb\W+([0-9.]+)", p.stdout)
+    assert found and float(found.group(1)) == float(bucket), p.stdout
+    out = tmp_path / "snippet.py"
+    autotune(finished_run["env"], "export", "--format", fmt, "-o", str(out))
+    assert out.read_text() == p.stdout
+
+
+#: What Ray logs when it turns token authentication on (or finds it off) by itself.
+RAY_AUTH_WARNING = "Token authentication is"
+
+
+def test_a_local_instance_says_nothing_of_rays_token_authentication(run_env, tmp_path):
+    """A run that starts its own Ray instance sets its token authentication explicitly: Ray's
+    warning that it turned it on by default is not printed; -o writes the profile there."""
+    profile = tmp_path / "p.yaml"
+    p = autotune(run_env, "run", "--study", "quick", "--budget", "2m", "--n-trials", "1",
+                 "--validate-top", "0", "--no-limit", "-o", str(profile))  # fmt: skip
+    assert RAY_AUTH_WARNING not in p.stdout + p.stderr, p.stderr
+    assert "authentication" not in p.stderr.lower(), p.stderr
+    assert "Re-validation: none (--validate-top 0" in p.stdout
+    assert Profile.load(profile).study["baseline_trial"] == 0
 
 
 def free_port() -> int:
@@ -449,5 +486,6 @@ def test_an_interrupt_while_the_local_ray_instance_starts_leaves_no_process(run_
         p.kill()
     assert p.returncode == rc, out
     assert group_of(p.pid) == [], out
+    assert RAY_AUTH_WARNING not in out  # set explicitly, before ray.init
     # nothing was measured: no profile
     assert not (Path(run_env["AUTOTUNE_HOME"]) / "profiles").exists()

@@ -1,6 +1,6 @@
-"""Script mode (``autotune run ... -- CMD``) with real processes: the README's example script
-tuned through the installed console script and then trained with its profile under
-``autotune launch``, exactly as the README spells both commands (a shorter budget and the
+"""Script mode (``autotune run ... -- CMD``) with real processes: docs/script-mode.md's example
+script tuned through the installed console script and then trained with its profile under
+``autotune launch``, exactly as that page spells both commands (a shorter budget and the
 quick study's windows added); and ``run_script``'s failures: a script that never wraps its
 model, one that crashes, and a driver killed with -9, after which no process of the script
 may remain."""
@@ -37,7 +37,8 @@ TARGET = Target(backend="gloo", device="cpu", world_size=2, global_batch=128, cp
 
 
 def example() -> tuple[str, list[list[str]]]:
-    section = (REPO / "README.md").read_text().split("## Tune the script you already have", 1)[1]
+    # the complete example the README's *Tune the script you already have* points to
+    section = (REPO / "docs" / "script-mode.md").read_text().split("## A complete example", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     bash = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     return code, [line.split() for line in bash.strip().splitlines()]

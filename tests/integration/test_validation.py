@@ -1,5 +1,7 @@
 """Re-validation before export, through real 2-rank gloo trials: the search's best is measured
-again against the baseline, interleaved, and the profile follows those numbers only."""
+again against the baseline, interleaved, and the profile follows those numbers only; then the
+user's job as it runs today (no allocator pin) against the pinned defaults, every arm in new
+rank processes."""
 
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ from autotune.profile.export import export_profile
 from autotune.profile.profile import Profile
 from autotune.record.attrs import ValidationRecord, load
 from autotune.record.study import ATTR
-from autotune.report.events import ValidationDone, ValidationStarted
-from autotune.search.validation import revalidate
+from autotune.report.events import Note, ValidationDone, ValidationStarted
+from autotune.search.validation import TODAY, revalidate
 from tests.integration.conftest import QUICK, TARGET, config
 
 pytestmark = pytest.mark.integration
@@ -28,7 +30,9 @@ HARDWARE = {"device": "cpu", "device_name": "cpu", "device_count": 2, "node_coun
             "torch": "2.13.0", "nccl": None}  # fmt: skip
 
 
-def test_a_search_winner_that_remeasures_slower_is_not_exported(runner, tmp_path):
+def test_a_search_winner_that_remeasures_slower_is_not_exported_and_the_job_today_is_measured(
+    runner, tmp_path
+):
     # The search "saw" trial 1 at 10x the baseline (a lucky, noisy measurement, as the best of
     # many trials is); in truth it runs 4 micro-steps per optimizer step and is slower.
     study = optuna.create_study(direction="maximize")
@@ -63,9 +67,30 @@ def test_a_search_winner_that_remeasures_slower_is_not_exported(runner, tmp_path
     assert record.reason == NO_WINNER_REASON
     assert load(study, ValidationRecord) == record  # stored, and read back the same
     assert isinstance(events[0], ValidationStarted) and events[0].runs == 4
-    assert events[-1] == ValidationDone(
-        winner="baseline", beats_baseline=False, speedup=(1.0, 1.0, 1.0), reason=NO_WINNER_REASON
-    )
+    done = [e for e in events if isinstance(e, ValidationDone)]
+    assert done == [
+        ValidationDone(
+            winner="baseline",
+            beats_baseline=False,
+            speedup=(1.0, 1.0, 1.0),
+            reason=NO_WINNER_REASON,
+        )
+    ]
+
+    # The job as it runs today: measured (two rounds beside the defaults, the winner here),
+    # in rank processes that read glibc's allocator back as left dynamic, while the
+    # defaults' processes, new ones too, read it back pinned. Had that job kept the pin (the
+    # warm pool's processes, or a RankActor that pins regardless), `pinned` would say True.
+    today = record.as_is
+    assert today is not None and today.reason == "", today
+    assert sorted(today.order) == sorted([TODAY, TODAY, "baseline", "baseline"])
+    assert [len(today.measurements[k]) for k in (TODAY, "baseline")] == [2, 2]
+    assert today.pinned == {TODAY: False, "baseline": True}
+    assert today.pin is not None and today.pin.n == 2 and today.changes == ["the allocator pin"]
+    assert today.today == today.pin  # the defaults won: the job today is set against them
+    line = today.line(None)
+    assert line.startswith(f"{today.pin.median:.2f}x [") and "as it runs today" in line
+    assert Note(line) in events
 
     profile = Profile.load(export_profile(study, tmp_path / "p.yaml"))
     assert profile.study["best_trial"] == 0  # the defaults, not the search's 10x trial
@@ -75,3 +100,5 @@ def test_a_search_winner_that_remeasures_slower_is_not_exported(runner, tmp_path
     res = profile.measured["validation"]["results"]
     assert res["trial 1"]["speedup"][1] < 1.0  # re-measured slower than the defaults
     assert res["trial 1"]["beats_baseline"] is False
+    assert profile.measured["as_is"]["line"] == line
+    assert profile.measured["as_is"]["pinned"] == {TODAY: False, "baseline": True}

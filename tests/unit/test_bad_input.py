@@ -105,9 +105,9 @@ CASES: dict[str, tuple[list[str], str]] = {
     "study name with slash": (["run", "--study-name", "a/b"], "--study-name"),
     "run dir is a file": (["run", "--run-dir", "a_file"], "--run-dir"),
     "run dir unwritable": (["run", "--run-dir", "{unwritable}/autotune"], "--run-dir"),
-    "profile is a directory": (["run", "--profile", "."], "--profile"),
-    "profile under a file": (["run", "--profile", "a_file/p.yaml"], "--profile"),
-    "profile unwritable": (["run", "--profile", "{unwritable}/p.yaml"], "--profile"),
+    "profile is a directory": (["run", "-o", "."], "--output"),
+    "profile under a file": (["run", "--output", "a_file/p.yaml"], "--output"),
+    "profile unwritable": (["run", "-o", "{unwritable}/p.yaml"], "--output"),
     "storage over http": (["run", "--storage", "http://127.0.0.1:{port}/db"], "--storage"),
     "storage password hidden": (
         ["run", "--storage", "postgresql://bob:s3cret@127.0.0.1:{port}/db"],
@@ -148,7 +148,6 @@ CASES: dict[str, tuple[list[str], str]] = {
     "lab with no nodes": (["lab", "up", "--nodes", "0"], "--nodes"),
     "lab with a rate in words": (["lab", "up", "--rate", "fast"], "--rate"),
     "lab exec without a command": (["lab", "exec"], "lab"),
-    "no subcommand": ([], "autotune"),
     "unknown subcommand": (["frobnicate"], "frobnicate"),
 }
 
@@ -232,7 +231,7 @@ def test_bad_input_is_one_line_exit_2_nothing_written(name, seeds, tmp_path):
 #: Cases also run through the installed console script, in a process of its own: a usage
 #: error, a user's trainer module imported from the directory the command runs in (which the
 #: console script does not put on ``sys.path`` itself), a hostile profile.
-CONSOLE_CASES = ["no subcommand", "trainer module raises", "env of a hostile name"]
+CONSOLE_CASES = ["unknown subcommand", "trainer module raises", "env of a hostile name"]
 
 
 @pytest.mark.parametrize("name", CONSOLE_CASES)

@@ -53,6 +53,16 @@ CASES = {
         lambda t: ["--address", "cluster"],
         r"expected auto or HOST:PORT",
     ),
+    "Ray Client address": (
+        lambda t: ["--address", "ray://10.0.0.1:10001"],
+        r"--address ray://10.0.0.1:10001: Ray Client is not supported .*GCS address "
+        r"\(--address 10.0.0.1:6379\) or --address auto",
+    ),
+    "dashboard address": (
+        lambda t: ["--address", "http://10.0.0.1:8265"],
+        r"--address http://10.0.0.1:8265: that is the Ray dashboard's address .*GCS address "
+        r"\(--address 10.0.0.1:6379\).*ray job submit --address http://10.0.0.1:8265 --",
+    ),
     "storage in a missing directory": (
         lambda t: ["--storage", f"sqlite:///{t}/missing/x.db"],
         r"--storage .*does not exist",
@@ -141,10 +151,11 @@ def test_ray_address_joins_like_the_flag_and_the_flag_wins(tmp_path, cli):
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert p.stderr.startswith(f"autotune: error: RAY_ADDRESS={closed}: nothing answers")
     assert "unset RAY_ADDRESS" in p.stderr and p.stderr.count("\n") == 1
-    # the jobs CLI's dashboard URL is not a cluster to join
+    # the jobs CLI's dashboard URL is not a cluster to join: the error says the form to use
     p = cli(*args, env={"RAY_ADDRESS": "http://127.0.0.1:8265"})
-    assert p.returncode == 2
-    assert "RAY_ADDRESS=http://127.0.0.1:8265: expected auto or HOST:PORT" in p.stderr
+    assert p.returncode == 2 and p.stderr.count("\n") == 1
+    assert "RAY_ADDRESS=http://127.0.0.1:8265: that is the Ray dashboard's address" in p.stderr
+    assert "(RAY_ADDRESS=127.0.0.1:6379)" in p.stderr
     # --address wins over RAY_ADDRESS
     p = cli(*args, "--address", closed, env={"RAY_ADDRESS": "http://127.0.0.1:8265"})
     assert p.returncode == 2 and f"--address {closed}: nothing answers" in p.stderr

@@ -130,7 +130,7 @@ def test_a_local_instance_gets_a_private_temp_dir_and_token_its_sockets_fit(
         assert temp.stat().st_mode & 0o777 == 0o700 and temp.stat().st_uid == os.getuid()
         assert os.environ["RAY_TMPDIR"] == str(temp)
         assert len(os.environ["RAY_AUTH_TOKEN"]) == 64
-        assert "RAY_AUTH_MODE" not in os.environ and "RAY_AUTH_TOKEN_PATH" not in os.environ
+        assert os.environ["RAY_AUTH_MODE"] == "token" and "RAY_AUTH_TOKEN_PATH" not in os.environ
         longest = Path(str(temp) + _SOCKET_TAIL)
         longest.parent.mkdir(parents=True)
         with socket.socket(socket.AF_UNIX) as s:

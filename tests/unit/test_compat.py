@@ -109,3 +109,21 @@ def test_rays_off_main_thread_warning_comes_from_the_logger_silenced(caplog):
         worker.logger.warning("SIGTERM handler is not set (after)")
     said = [r.getMessage() for r in caplog.records]
     assert said == ["another line", "SIGTERM handler is not set (after)"]
+
+
+def test_ray_reads_its_auth_mode_again_where_reread_ray_config_asks(monkeypatch):
+    """Why ``reread_ray_config`` exists: Ray reads ``RAY_AUTH_MODE`` once, and ``ray.init``
+    itself re-reads it the same way where it turns token authentication on by default."""
+    import ray._private.authentication.authentication_token_setup as setup
+    from ray._raylet import AuthenticationMode, get_authentication_mode
+
+    assert 'Config.initialize("")' in inspect.getsource(setup._enable_token_auth)
+    before = get_authentication_mode()
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    try:
+        _compat.reread_ray_config()
+        assert get_authentication_mode() == AuthenticationMode.TOKEN
+    finally:
+        monkeypatch.undo()
+        _compat.reread_ray_config()
+    assert get_authentication_mode() == before

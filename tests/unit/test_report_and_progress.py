@@ -110,7 +110,10 @@ def test_report_draws_every_figure_as_png_and_in_the_page(tmp_path):
     assert page.count('class="plotly-graph-div"') == len(expected)
     assert page.count('<script type="text/javascript">/**') <= 1
     assert not re.search(r"<script[^>]+src=", page)
-    for title in ("Speedup over the baseline, per trial", "Failed trials by reason"):
+    for title in (
+        "Speedup over the defaults, per trial, with 95 % intervals",
+        "Failed trials by reason",
+    ):
         assert title in page
 
 
@@ -139,8 +142,11 @@ def test_report_page_lists_best_trials_and_each_failure_with_its_reason(tmp_path
     result = page.index("<h2>Result</h2>")
     assert result < page.index("<h2>The study</h2>") < page.index("<h2>Best 4 of 4")
     first = page[result : page.index("<h2>The study</h2>")]
-    assert "1.52x the defaults (not re-validated" in first
-    assert "<code>ddp.bucket_cap_mb = 12</code>" in first and "static_graph = True" in first
+    assert "<span class=big>1.52x</span> the defaults" in first
+    assert "not re-validated: the speedup is the search&#x27;s best single trial" in first
+    assert (
+        "<td>ddp.bucket_cap_mb = 12</td>" in first and "<td>ddp.static_graph = True</td>" in first
+    )
     # values for people: no Python dict repr, no 16-digit floats
     ours = page[page.index("<h1>") : page.index('<h2 id="')]  # not the embedded plotly.js
     assert "{'" not in ours and not re.search(r"\d\.\d{8,}", ours)
@@ -292,7 +298,7 @@ def test_a_crafted_limit_record_is_a_section_that_says_it_could_not_be_read(tmp_
     report.write(report.build(study), tmp_path)
     page = (tmp_path / "report.html").read_text()
     assert "limit record could not be read (tuned: samples_per_s" in page
-    assert "Speedup over the baseline, per trial" in page
+    assert "Speedup over the defaults, per trial, with 95 % intervals" in page
 
 
 @pytest.mark.parametrize("crafted", ["x", {"bucket_cap_mb": 1}], ids=["H-W03", "H-W03b"])
@@ -306,7 +312,7 @@ def test_autotune_report_of_a_crafted_screening_record_is_a_one_line_error(tmp_p
     target.set_user_attr(ATTR, {"workload": WORKLOAD, "hardware": HARDWARE})
     target.add_trials(study_with(MANY).trials)
     target.set_user_attr("screening", crafted)
-    out = in_process("report", "--study", "s", "--storage", url, "-o", str(tmp_path / "out"))
+    out = in_process("report", "--study-name", "s", "--storage", url, "-o", str(tmp_path / "out"))
     assert out.returncode == 2, out.stderr
     assert out.stderr.startswith("autotune: error: study record screening")
     assert out.stderr.count("\n") == 1

@@ -57,8 +57,12 @@ def test_the_run_command_has_every_flag_and_shows_the_real_defaults(capsys):
         if s.flag:
             assert f" {s.flag} " in text or f" {s.flag}, " in text, s.flag
     assert "--validate-rounds R interleaved rounds" in text
-    assert "each measuring every candidate once (default: 5)" in text
+    # what the budget decides is shown as such, not as a number it then changes
+    assert "up to 10, when it has room (default: from the budget: 5 aimed for, 2 to 10)" in text
+    assert "(default: from the budget: up to 3, fewer when it cannot hold them)" in text
+    assert "(default: 5)" not in text and "(default: 3)" not in text
     assert "(default: 10m)" in text and "--budget DURATION" in text
+    assert "HH:MM:SS (SLURM's 01:30:00); a bare number is seconds" in text
     assert "--no-free-batch" in text and "--no-allow-drift" in text
     assert "--objective throughput|throughput,memory " in text
     assert "{throughput,throughput,memory}" not in text
@@ -174,6 +178,6 @@ def test_a_setting_declared_once_is_a_file_key_and_a_flag():
 
 
 def test_the_commands_of_every_cli_module_are_registered():
-    usage = build_parser().format_usage()
-    commands = "run,export,report,dashboard,env,launch,lab,spaces,trainers,studies"
-    assert "{" + commands + "}" in usage
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    commands = {"run", "export", "report", "dashboard", "env", "launch", "lab", "spaces"}
+    assert commands | {"trainers", "studies"} <= set(sub.choices)
