@@ -164,10 +164,10 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
         _said_converged(run, emit)
     finally:
         _hold_sigterm(req)
+        sink.close()  # first: the trackers' runs end whatever Ray's shutdown does
         for r in runners:
             r.close()
         close()
-        sink.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     if req.sigterm and Terminated.received and not summary.interrupted:

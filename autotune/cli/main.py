@@ -96,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 EPILOG = (
     "--study names a study definition (a file in studies/ or a YAML file) and --study-name a "
-    "stored study, in every command; -o/--output is what a command writes."
+    "stored study; -o/--output is what a command writes. (report and dashboard still take "
+    "--study for --study-name for one release.)"
 )
 
 

@@ -17,6 +17,7 @@ from autotune.cli.grammar import add_output, add_study_source
 from autotune.core.errors import ConfigError
 from autotune.core.files import replace_whole
 from autotune.definition.paths import check_writable, file_stem
+from autotune.profile.profile import Profile
 from autotune.record.storage import display_url
 
 __all__ = ["add_commands", "default_run_dir", "load_study", "only_study", "storage_url"]
@@ -49,6 +50,13 @@ def add_commands(sub: Any) -> None:
         default="profile",
         help="profile: the YAML profile (default); lightning, accelerate, hf-trainer: a Python "
         "snippet that applies it in that framework (docs/frameworks.md)",
+    )
+    e.add_argument(
+        "--from",
+        dest="from_profile",
+        type=Path,
+        metavar="PROFILE",
+        help="with --format: the snippet of this profile file instead of a stored study's",
     )
     e.set_defaults(action=cmd_export)
 
@@ -127,18 +135,29 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     if args.output:
         check_writable(args.output, flag="--output", directory=False)
+    if args.from_profile is not None:
+        if args.format == "profile":
+            raise ConfigError("--from: it gives a framework's snippet; add --format lightning, "
+                              "accelerate or hf-trainer")  # fmt: skip
+        return _write_snippet(render(Profile.load(args.from_profile), args.format), args.output)
     url = storage_url(args)
     study = load_study(url, only_study(url, args.study_name, "export"))
     if args.format != "profile":
         text = render(study_profile(study, trial=args.trial), args.format)
-        if not args.output:
-            sys.stdout.write(text)
-            return 0
-        print(replace_whole(args.output, lambda f: f.write(text.encode()), ordinary_mode=True))
-    elif args.output:
+        return _write_snippet(text, args.output)
+    if args.output:
         print(export_profile(study, args.output, trial=args.trial))
     else:
         sys.stdout.write(study_profile(study, trial=args.trial).to_yaml())
+    return 0
+
+
+def _write_snippet(text: str, output: Path | None) -> int:
+    """A framework's snippet to stdout, or written whole to ``output`` (its path printed)."""
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        print(replace_whole(output, lambda f: f.write(text.encode()), ordinary_mode=True))
     return 0
 
 

@@ -38,7 +38,10 @@ __all__ = [
     "legal_trim",
     "pin",
     "pinned",
+    "pinned_by_env",
+    "readable",
     "trim",
+    "without_pin",
 ]
 
 #: ``M_MMAP_THRESHOLD``: glibc's largest (32 MiB on 64-bit), so gradients, activations and
@@ -95,7 +98,8 @@ def pinned() -> bool | None:
     re-validation's rank processes, before any workload: the job as it runs today must run
     unpinned, the arms it is compared with pinned); a process that has freed mmapped blocks
     that large has raised its own threshold and reads as pinned. None off glibc or before
-    glibc 2.33 (no ``mallinfo2``)."""
+    glibc 2.33 (no ``mallinfo2``). It changes what it reads in a process that is not pinned
+    (``pinned_by_env``): call it only where the pin was asked for."""
     try:
         libc = ctypes.CDLL(None)
         info, malloc, free = libc.mallinfo2, libc.malloc, libc.free
@@ -112,6 +116,30 @@ def pinned() -> bool | None:
     free(block)
     trim()
     return not mapped
+
+
+def readable() -> bool:
+    """Whether ``pinned`` can tell (glibc 2.33 or newer: ``mallinfo2``), asked without
+    allocating anything."""
+    try:
+        return hasattr(ctypes.CDLL(None), "mallinfo2")
+    except OSError:
+        return False
+
+
+def pinned_by_env(environ: Mapping[str, str]) -> bool:
+    """Whether a process started with ``environ`` has glibc's thresholds pinned from its
+    start: glibc reads these variables once, as the process starts. Read instead of
+    ``pinned`` where the process must stay unpinned: ``pinned``'s probe block, freed from an
+    mmap, raises glibc's own thresholds to its size (a process nearly pinned after it)."""
+    return any(environ.get(k, "").strip() for k in ENV)
+
+
+def without_pin(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without this pin where a shell left it (``eval "$(autotune env best.yaml)"``
+    sets it, and every command started from that shell inherits it): what ``autotune compare
+    asis`` runs the job as it is with. The user's own values of those variables stay."""
+    return {k: v for k, v in environ.items() if ENV.get(k) != v}
 
 
 def trim() -> None:

@@ -124,9 +124,15 @@ class RayMeasurer:
         if self.runner.backend == "nccl" or (self.target and self.target.device == "cuda"):
             return ("not measured on a GPU: the allocator pin acts on host memory only, and "
                     "each run would need new CUDA processes")  # fmt: skip
-        if allocator.pinned() is None:
+        if not allocator.readable():
             return (
                 "the C library is not glibc 2.33 or newer: there is no allocator pin to leave out"
+            )
+        if allocator.pinned_by_env(os.environ):
+            set_ = " and ".join(k for k in allocator.ENV if os.environ.get(k, "").strip())
+            return (
+                f"not measured: this shell sets {set_} (as `autotune env` does), which every "
+                "process of the run inherits; unset it to measure your job without the pin"
             )
         return None
 

@@ -71,8 +71,10 @@ class RankActor:
         # as the user runs it today (``pin=False``) leaves glibc as it starts a process.
         if pin:
             allocator.pin()
-        #: What glibc does now, read back (``allocator.pinned``): each result says it.
-        self.allocator_pinned = allocator.pinned()
+        #: Whether glibc's thresholds are pinned, as each result says: read back from what glibc
+        #: does where the pin was asked for (``allocator.pinned``), else from the environment
+        #: glibc read at the process's start (the probe would pin an unpinned process).
+        self.allocator_pinned = allocator.pinned() if pin else allocator.pinned_by_env(os.environ)
         # Taken when the process starts, before any process group: what NCCL would read.
         self.env_at_start = {k: os.environ.get(k) for k in env_keys}
         self.pg_at_start = dist.is_available() and dist.is_initialized()

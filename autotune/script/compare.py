@@ -248,6 +248,7 @@ def make_plan(args: argparse.Namespace, cwd: Path) -> Plan:
 def measure(plan: Plan, say: Callable[[str], None]) -> list[Run]:
     """Run the plan's rounds in ``core.compare.interleave``'s order, one line each through
     ``say``; stops at the first run that fails (its ``Run`` has the ``failure``)."""
+    from autotune.core import allocator
     from autotune.core.compare import interleave
     from autotune.core.errors import TrialFailed
     from autotune.script.trial import run_script
@@ -264,6 +265,7 @@ def measure(plan: Plan, say: Callable[[str], None]) -> list[Run]:
             result = run_script(
                 plan.command, arm.config, world_size=plan.world_size, measure=plan.measure,
                 backend=plan.backend, timeout_s=plan.timeout_s, log_dir=log_dir,
+                env=allocator.without_pin(os.environ) if arm.profile is None else None,
             )  # fmt: skip
         except TrialFailed as e:
             run.failure = str(e)

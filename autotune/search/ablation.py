@@ -205,8 +205,10 @@ def pin_contribution(validation: ValidationRecord) -> dict[str, Contribution]:
     if today is None or today.pin is None or None in today.pin.triple():
         return {}
     low, med, high = today.pin.triple()
+    also = [c for c in today.changes if c != "the allocator pin"]  # e.g. the threads differ
+    with_ = f", together with {' and '.join(also)}" if also else ""
     why = (f"not a knob: the defaults over your job as it runs today ({today.rounds} rounds, "
-           f"new processes); every configuration was measured with it")  # fmt: skip
+           f"new processes{with_}); every configuration was measured with it")  # fmt: skip
     return {PIN: Contribution(value="on", kept=True, speedup=[low, med, high], why=why)}
 
 

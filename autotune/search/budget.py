@@ -185,7 +185,7 @@ class Budget:
     def fresh_run_s(self) -> float | None:
         """A re-validation run's wall seconds in new processes: the typical run plus the
         process start, which the first trial of this invocation paid (every run starts its
-        pool afresh) over the median; ``FRESH_START_S`` until a second trial says. None before
+        pool afresh) over the median; ``FRESH_START_S`` until a third trial says. None before
         any trial ended."""
         medians = self._medians()
         if medians is None:

@@ -20,6 +20,7 @@ own comparison stays in the warm pool, where more rounds fit.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import optuna
@@ -36,7 +37,7 @@ from autotune.launch.results import TrialResult
 from autotune.record import trial as tr
 from autotune.record.attrs import AsIsRecord, IntervalRecord, ValidationRecord, save
 from autotune.record.study import anchored_speedups, baseline_trial, complete
-from autotune.record.typed import read, write
+from autotune.record.typed import read
 from autotune.report.events import (
     Emit,
     Note,
@@ -154,8 +155,6 @@ def revalidate(
     v = choose(runs, "baseline")
     emit(ValidationDone(winner=v.winner, beats_baseline=v.beats_baseline, reason=v.reason,
                         speedup=(v.speedup.low, v.speedup.median, v.speedup.high)))  # fmt: skip
-    today = against_today(measure, emit, {k: trials[k] for k in ("baseline", v.winner)},
-                          rounds=rounds, rerun=rerun, defaults=defaults, budget=budget)  # fmt: skip
     record = read(ValidationRecord, {
         **v.to_dict(),
         "trials": {k: trials[k].number for k in runs},
@@ -164,11 +163,21 @@ def revalidate(
         "failed": failed,
         "timed_s": round(timed_s, 3),
         "after_trial": max(t.number for t in study.get_trials(deepcopy=False)),
-        "as_is": None if today is None else write(today),
     }, "validation")  # fmt: skip
+    save(study, record)  # kept whatever stops the comparison with the job as it runs today
+    arms = {k: trials[k] for k in ("baseline", v.winner)}
+    today = against_today(measure, emit, arms, rounds=rounds, rerun=rerun, defaults=defaults,
+                          budget=budget)  # fmt: skip
+    return record if today is None else _with_today(study, record, today, emit)
+
+
+def _with_today(
+    study: optuna.Study, record: ValidationRecord, today: AsIsRecord, emit: Emit
+) -> ValidationRecord:
+    """``record`` with the comparison with the job as it runs today, stored and said."""
+    record = replace(record, as_is=today)
     save(study, record)
-    if record.as_is is not None:
-        emit(Note(record.as_is.line(record.speedup if v.beats_baseline else None)))
+    emit(Note(today.line(record.speedup if record.beats_baseline else None)))
     return record
 
 
@@ -192,7 +201,7 @@ def against_today(
     if as_is is None or fresh is None:
         return None
     if budget is not None:
-        rounds = budget.as_is_rounds(len(arms) + 1)
+        rounds = min(rounds, budget.as_is_rounds(len(arms) + 1))
     base = tr.config(arms["baseline"])
     today = as_is(base)
     if isinstance(today, str):
@@ -212,7 +221,7 @@ def against_today(
               f"every run in new processes ({len(order)} runs)"))  # fmt: skip
 
     def run(key: str) -> TrialResult:
-        emit(TrialStarted(tag=f"re-validating {key} (new processes)", changes=said[key]))
+        emit(TrialStarted(tag=f"re-validating {key}", changes=said[key]))
         number = arms.get(key, arms["baseline"]).number
         try:
             result = fresh(number, configs[key], measure=rerun, pin=key != TODAY)

@@ -325,3 +325,22 @@ def test_importing_the_adapters_and_rendering_import_no_framework_nor_the_tuner(
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, check=True).stdout  # fmt: skip
     assert json.loads(out) == []
+
+
+def test_export_from_a_profile_file_prints_or_writes_the_frameworks_snippet(tmp_path):
+    """`autotune export --format F --from PROFILE`: the snippet of a profile someone sent, no
+    study needed; `--from` without `--format` is one line, exit 2, nothing written."""
+    from tests.conftest import in_process
+
+    profile = make(bucket_cap_mb=50).save(tmp_path / "sent.yaml")
+    ran = in_process("export", "--format", "hf-trainer", "--from", str(profile))
+    sent = Profile.load(profile)
+    assert ran.returncode == 0 and ran.stdout == adapters.render(sent, "hf-trainer")
+    assert "ddp_bucket_cap_mb=50" in ran.stdout
+    out = tmp_path / "snippet.py"
+    ran = in_process("export", "--format", "lightning", "--from", str(profile), "-o", str(out))
+    assert ran.returncode == 0 and out.read_text() == adapters.render(sent, "lightning")
+    bad = in_process("export", "--from", str(profile), "-o", str(tmp_path / "x.py"))
+    assert bad.returncode == 2 and "--format" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.py").exists()

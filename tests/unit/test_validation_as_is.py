@@ -26,8 +26,9 @@ from autotune.definition.studydef import StudyDefinition
 from autotune.launch.results import TrialResult
 from autotune.profile.export import study_profile
 from autotune.profile.profile import Profile
-from autotune.record.attrs import AsIsRecord, IntervalRecord, ValidationRecord, load
+from autotune.record.attrs import AsIsRecord, IntervalRecord, ValidationRecord, load, load_readable
 from autotune.record.study import ATTR
+from autotune.report.events import TrialStarted, ValidationRun
 from autotune.search.ablation import PIN, pin_contribution
 from autotune.search.budget import FRESH_START_S, Budget, as_is_max_rounds
 from autotune.search.validation import TODAY, against_today, revalidate
@@ -326,3 +327,36 @@ def test_the_run_s_summary_prints_the_line():
     main._print_summary(console, summary)
     text = console.export_text()
     assert f"As today   {record.as_is.line(record.speedup)}" in text
+
+
+def test_an_interrupt_while_measuring_the_job_today_keeps_the_revalidation_s_choice():
+    """Ctrl-C or SIGTERM during the comparison with the job as it runs today: the
+    re-validation's record is already stored (the export reads the validated winner), only
+    without the figure it was measuring."""
+
+    class Interrupted(Stand):
+        def fresh(self, number, config, *, measure, pin=True):
+            raise KeyboardInterrupt
+
+    study = study_with()
+    with pytest.raises(KeyboardInterrupt):
+        run_revalidation(Interrupted(), study)
+    stored = load_readable(study, ValidationRecord)
+    assert stored is not None and stored.winner == "trial 1" and stored.as_is is None
+
+
+def test_the_live_display_closes_each_run_of_the_job_today():
+    """Each run's TrialStarted and its ValidationRun name the same key, so the live display
+    does not keep a run of the comparison 'running' after it ended."""
+    _, _, events = run_revalidation(Stand())
+    started = [e.tag for e in events if isinstance(e, TrialStarted)]
+    ended = [f"re-validating {e.key}" for e in events if isinstance(e, ValidationRun)]
+    assert sorted(started) == sorted(ended) and f"re-validating {TODAY}" in started
+
+
+def test_a_shell_that_carries_autotunes_pin_is_seen_and_asis_runs_without_it():
+    assert allocator.pinned_by_env(dict(allocator.ENV)) and not allocator.pinned_by_env({})
+    shell = {"PATH": "/bin", **allocator.ENV, "OMP_NUM_THREADS": "4"}
+    assert allocator.without_pin(shell) == {"PATH": "/bin", "OMP_NUM_THREADS": "4"}
+    own = {allocator.MMAP_ENV: "65536"}  # the user's own value is theirs: kept
+    assert allocator.without_pin(own) == own
