@@ -99,6 +99,8 @@ def light_venv(tmp_path_factory) -> Path:
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert p.returncode == 0, p.stdout + p.stderr
+    installed = sorted(x.name for x in Path(purelib).iterdir())
+    assert (venv / "bin" / "autotune").exists(), f"pip said: {p.stdout}{p.stderr}; {installed}"
     return venv
 
 

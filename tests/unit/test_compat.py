@@ -118,6 +118,9 @@ def test_ray_reads_its_auth_mode_again_where_reread_ray_config_asks(monkeypatch)
     from ray._raylet import AuthenticationMode, get_authentication_mode
 
     assert 'Config.initialize("")' in inspect.getsource(setup._enable_token_auth)
+    # what this process's environment says now (a Ray connection of the session's integration
+    # tests may have read another value while it lasted)
+    _compat.reread_ray_config()
     before = get_authentication_mode()
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
     try:
