@@ -44,12 +44,15 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.trial import TrialState
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import TrialFailed
 from autotune.core.values import nbytes, number, seconds, speedup
 from autotune.limit.evidence import COMM_BOUND_SHARE, DATA_BOUND_SHARE, Evidence
+from autotune.record import trial as tr
 from autotune.record.attrs import FirstMeasurement, LimitRecord, load, load_screening, save
+from autotune.record.study import anchored_speedups, baseline_trial, complete
 from autotune.record.typed import RecordError
 from autotune.report.events import Emit, Note
 
@@ -204,7 +207,27 @@ def no_gain(study: optuna.Study) -> frozenset[str]:
             low = None if s.speedup is None else s.speedup * (1 - (noise or 0.0))
             if not s.helps or low is None or low <= 1.0:
                 out.update(s.moves)
-    return frozenset(out)
+    return frozenset(out | _screened_trials_no_gain(study))
+
+
+def _screened_trials_no_gain(study: optuna.Study) -> set[str]:
+    """The same rule read from the screening's own trials, for a run whose search stopped
+    before the screening's record was written (a short budget): a screening trial PRUNED, or
+    COMPLETE with its speedup over the defaults measured nearest to it not clearing 1.0 by
+    its own interval; the knobs it moved from the defaults."""
+    base = baseline_trial(study)
+    if base is None:
+        return set()
+    done = complete(study)
+    speedups = anchored_speedups(done)
+    out: set[str] = set()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        if tr.screen_label(t) is None or tr.is_baseline(t):
+            continue
+        sp = speedups.get(t.number)
+        if t.state == TrialState.PRUNED or (sp is not None and sp * (1 - tr.rel_noise(t)) <= 1):
+            out.update(k for k, v in t.params.items() if base.params.get(k) != v)
+    return out
 
 
 def summary_line(limit: dict[str, Any]) -> str | None:

@@ -228,3 +228,29 @@ def test_a_profile_carries_the_limit_of_its_own_configuration_only():
     assert limit_of(study, TrialConfig(comm_hook={"name": "none"})) is None  # another config
     study.set_user_attr("limit", "not a record")  # someone else's database
     assert limit_of(study, tuned) is None
+
+
+def test_a_screening_trial_below_the_defaults_rules_its_knob_out_without_a_screening_record():
+    """A run whose search stopped inside the screening (a short budget) has no screening
+    record: its screening trials themselves rule out what they measured as no gain (fp16 at
+    0.95x, as in a 1-minute quick run whose advice still said compression), and keep what
+    helped beyond its noise."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from autotune.limit.probe import no_gain
+
+    dist = {"comm_hook": CategoricalDistribution(["none", "fp16"]),
+            "precision": CategoricalDistribution(["fp32", "bf16"])}  # fmt: skip
+    study = optuna.create_study(direction="maximize")
+    noise = {"rel_half_width": 0.02}
+    rows = [({"comm_hook": "none", "precision": "fp32"}, 100.0, {"baseline": True}),
+            ({"comm_hook": "fp16", "precision": "fp32"}, 95.0,
+             {"screen": "comm_hook=fp16", "interval": noise}),
+            ({"comm_hook": "none", "precision": "bf16"}, 130.0,
+             {"screen": "precision=bf16", "interval": noise})]  # fmt: skip
+    for params, value, attrs in rows:
+        study.add_trial(create_trial(params=params, distributions=dist, value=value,
+                                     user_attrs=attrs, state=TrialState.COMPLETE))  # fmt: skip
+    assert no_gain(study) == {"comm_hook"}
