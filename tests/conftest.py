@@ -53,7 +53,10 @@ def ray_address():
         # Rank processes import the test trainers from tests/: those of this process's jobs
         # through the runtime env, those of `autotune --address` drivers through the raylet's
         # environment, which every worker inherits.
-        pythonpath = os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
+        # (no empty entry: one would put every subprocess's current directory on its path)
+        pythonpath = os.pathsep.join(
+            p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH", "")) if p
+        )
         os.environ["PYTHONPATH"] = pythonpath
         from autotune.core.compat import loopback_node_ip
 

@@ -63,6 +63,11 @@ def link_distributions(dists: dict[str, Distribution], site: Path) -> None:
                 (site / top).symlink_to(source)
 
 
+def no_pythonpath() -> dict[str, str]:
+    """This process's environment without ``PYTHONPATH``."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def build_wheel(out: Path) -> Path:
     """A wheel of this tree, built from a copy (the tree gets no build/ or egg-info)."""
     tree = out / "tree"
@@ -75,7 +80,7 @@ def build_wheel(out: Path) -> Path:
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
          "--no-index", "-w", str(out / "dist"), str(tree)],
-        check=True, capture_output=True, text=True, timeout=300,
+        check=True, capture_output=True, text=True, timeout=300, env=no_pythonpath(),
     )  # fmt: skip
     (wheel,) = (out / "dist").glob("ddp_autotune-*.whl")
     return wheel
@@ -93,10 +98,13 @@ def light_venv(tmp_path_factory) -> Path:
         check=True, capture_output=True, text=True,
     ).stdout.strip()  # fmt: skip
     link_distributions(closure(NEEDED), Path(purelib))
+    # without the session's PYTHONPATH (the shared Ray fixture adds tests/ and an empty entry,
+    # the current directory: this repository, whose editable install's metadata made pip say
+    # "already installed" and install nothing)
     p = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
          "--no-index", str(build_wheel(work))],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, env=no_pythonpath(),
     )  # fmt: skip
     assert p.returncode == 0, p.stdout + p.stderr
     installed = sorted(x.name for x in Path(purelib).iterdir())
