@@ -134,6 +134,8 @@ class Trackers:
         self.study: optuna.Study | None = None
         self.clients: dict[str, Client] = {}
         self._queue: queue.Queue[Any] = queue.Queue()
+        self._said: set[int] = set()  # trials recorded
+        self._first = 0
         self._result: RunResult | None = None
         self._summary: Summary | None = None
         self._thread: threading.Thread | None = None
@@ -163,6 +165,8 @@ class Trackers:
             self.emit(Note(f"Logging each trial to {label}: {client.where}"))
         if self.clients and self._thread is None:
             self.study = study
+            #: the trials this run adds (a resumed study's earlier ones were recorded then)
+            self._first = len(study.get_trials(deepcopy=False))
             self._thread = threading.Thread(target=self._work, name="trackers", daemon=True)
             self._thread.start()
         return self
@@ -218,16 +222,27 @@ class Trackers:
             if isinstance(item, int):
                 pending.add(item)
             elif isinstance(item, FrozenTrial):
+                self._said.add(item.number)
                 self._send("trial", TrialRecord.of(item))
             elif isinstance(item, RunResult):
                 self._result = item
             self._sweep(pending)
-        self._sweep(pending)
+        self._sweep(pending | self._unsaid())
         status = "FAILED"
         if self._result is not None:
             self._send("result", self._result)
             status = "KILLED" if self._result.interrupted else "FINISHED"
         self._send("close", status)
+
+    def _unsaid(self) -> set[int]:
+        """This run's trials that no ``TrialFinished`` announced (ended on a path that says
+        nothing of them), for the last sweep."""
+        try:
+            assert self.study is not None
+            trials = self.study.get_trials(deepcopy=False)
+        except Exception:  # noqa: BLE001 - the run says the storage's failure itself
+            return set()
+        return {t.number for t in trials[self._first :]} - self._said
 
     def _sweep(self, pending: set[int]) -> None:
         """Record each trial of ``pending`` whose end the study holds now. A trial whose end
@@ -242,6 +257,7 @@ class Trackers:
         for t in trials:
             if t.number in pending and t.state.is_finished():
                 pending.discard(t.number)
+                self._said.add(t.number)
                 self._send("trial", TrialRecord.of(t))
 
     def _send(self, what: str, arg: Any) -> None:

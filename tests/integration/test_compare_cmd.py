@@ -79,13 +79,18 @@ def test_compare_asis_and_a_profile_on_the_example_script(job):
     assert m, p.stdout
     point, low, high = map(float, m.groups())
     assert low <= point <= high
-    said = f"{point:.2f}x A [{low:.2f}, {high:.2f}]"
-    if low > 1:
-        assert lines[-1] == f"B is {said}"
-    elif high < 1:
-        assert lines[-1] == f"B is {said}: slower"
+    # the verdict says the same interval to two decimals (rounded from the unrounded values,
+    # so compared within 0.01 of the line above), and which side is faster by it
+    said = re.fullmatch(r"(B is |no difference beyond the noise \(B is )([\d.]+)x A "
+                        r"\[([\d.]+), ([\d.]+)\]\)?(: slower)?", lines[-1])  # fmt: skip
+    assert said, lines[-1]
+    for shown, exact in zip(map(float, said.group(2, 3, 4)), (point, low, high), strict=True):
+        assert abs(shown - exact) <= 0.01
+    kind = "faster" if low > 1 else "slower" if high < 1 else "neither"
+    if said.group(1).startswith("no difference"):
+        assert kind == "neither" or abs(low - 1) < 1e-3 or abs(high - 1) < 1e-3
     else:
-        assert lines[-1] == f"no difference beyond the noise (B is {said})"
+        assert kind == ("slower" if said.group(5) else "faster")
     result = json.loads((where / "result.json").read_text())
     assert result["ratio"]["b_over_a"]["median"] == pytest.approx(point, abs=5e-4)
     assert [r["arm"] for r in result["runs"]] == ["A", "B", "B", "A"]
