@@ -52,7 +52,7 @@ from autotune.core.values import nbytes, number, seconds, speedup
 from autotune.limit.evidence import COMM_BOUND_SHARE, DATA_BOUND_SHARE, Evidence
 from autotune.record import trial as tr
 from autotune.record.attrs import FirstMeasurement, LimitRecord, load, load_screening, save
-from autotune.record.study import anchored_speedups, baseline_trial, complete
+from autotune.record.study import anchored_speedups, baseline_trial
 from autotune.record.typed import RecordError
 from autotune.report.events import Emit, Note
 
@@ -218,10 +218,10 @@ def _screened_trials_no_gain(study: optuna.Study) -> set[str]:
     base = baseline_trial(study)
     if base is None:
         return set()
-    done = complete(study)
-    speedups = anchored_speedups(done)
+    ended = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    speedups = anchored_speedups([t for t in ended if t.state == TrialState.COMPLETE])
     out: set[str] = set()
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+    for t in ended:
         if tr.screen_label(t) is None or tr.is_baseline(t):
             continue
         sp = speedups.get(t.number)

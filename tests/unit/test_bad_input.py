@@ -14,11 +14,9 @@ from pathlib import Path
 
 import optuna
 import pytest
-from optuna.trial import create_trial
 
-from autotune.record.study import ATTR
 from tests.conftest import console_script, in_process
-from tests.unit.test_report_and_progress import DISTS, HARDWARE, WORKLOAD, config
+from tests.unit.test_report_and_progress import one_study
 
 UNWRITABLE = "/proc/sys"  # a read-only file system here, even for root
 
@@ -157,16 +155,7 @@ def seeds(tmp_path_factory):
     """A real SQLite autotune study (name ``s``), its exported profile, and that profile with
     a hostile env name."""
     d = tmp_path_factory.mktemp("seeds")
-    url = f"sqlite:///{d / 'study.db'}"
-    study = optuna.create_study(study_name="s", storage=url, direction="maximize")
-    study.set_user_attr(ATTR, {"workload": WORKLOAD, "hardware": HARDWARE})
-    params = {"bucket_cap_mb": 25.0, "static_graph": False}
-    study.add_trial(
-        create_trial(
-            params=params, distributions=DISTS, value=400.0,
-            user_attrs={"baseline": True, "speedup": 1.0, "config": config(params)},
-        )
-    )  # fmt: skip
+    url = one_study(d / "study.db", "s")
     exported = in_process("export", "--storage", url, "--study-name", "s", cwd=d)
     assert exported.returncode == 0, exported.stderr
     good = exported.stdout

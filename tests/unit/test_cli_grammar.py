@@ -10,15 +10,12 @@ import argparse
 import re
 from pathlib import Path
 
-import optuna
 import pytest
-from optuna.trial import create_trial
 
 from autotune.cli.main import build_parser, validation_line
 from autotune.definition.studydef import StudyDefinition
-from autotune.record.study import ATTR
 from tests.conftest import console_script, in_process
-from tests.unit.test_report_and_progress import DISTS, HARDWARE, WORKLOAD, config
+from tests.unit.test_report_and_progress import one_study
 
 
 def parsers(
@@ -94,22 +91,6 @@ def test_bare_autotune_prints_its_help_and_exits_0(run, tmp_path):
     lab = in_process("lab", cwd=tmp_path)
     assert lab.returncode == 0 and lab.stdout.startswith("usage: autotune lab")
     assert list(tmp_path.iterdir()) == []
-
-
-def one_study(path: Path, *names: str) -> str:
-    """A SQLite storage at ``path`` holding one small autotune study per name."""
-    url = f"sqlite:///{path}"
-    for name in names:
-        study = optuna.create_study(study_name=name, storage=url, direction="maximize")
-        study.set_user_attr(ATTR, {"workload": WORKLOAD, "hardware": HARDWARE})
-        params = {"bucket_cap_mb": 25.0, "static_graph": False}
-        study.add_trial(
-            create_trial(
-                params=params, distributions=DISTS, value=400.0,
-                user_attrs={"baseline": True, "speedup": 1.0, "config": config(params)},
-            )
-        )  # fmt: skip
-    return url
 
 
 def test_export_finds_the_only_study_as_report_does(tmp_path):

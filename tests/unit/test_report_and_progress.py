@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import re
 import time
+from pathlib import Path
 
 import matplotlib.image
 import optuna
@@ -37,6 +38,22 @@ def config(params):
     """The full trial configuration autotune stores on each trial (exported as the profile)."""
     space = SearchSpace.load("default").resolve(TARGET)
     return TrialConfig.from_values({**space.defaults(), **params}, TARGET).to_dict()
+
+
+def one_study(path: Path, *names: str) -> str:
+    """A SQLite storage at ``path`` holding one small autotune study per name."""
+    url = f"sqlite:///{path}"
+    for name in names:
+        study = optuna.create_study(study_name=name, storage=url, direction="maximize")
+        study.set_user_attr(ATTR, {"workload": WORKLOAD, "hardware": HARDWARE})
+        params = {"bucket_cap_mb": 25.0, "static_graph": False}
+        study.add_trial(
+            create_trial(
+                params=params, distributions=DISTS, value=400.0,
+                user_attrs={"baseline": True, "speedup": 1.0, "config": config(params)},
+            )
+        )  # fmt: skip
+    return url
 
 
 def study_with(results, failures=(), directions=("maximize",)):
