@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from autotune.core.errors import TrialFailed
@@ -41,8 +43,9 @@ def test_baseline_trial_runs_two_real_ranks_with_pytorch_defaults(runner):
     assert QUICK.min_windows <= len(r0.windows) <= QUICK.max_windows
     assert r0.stop in ("converged", "cap")
     assert r0.steps == len(r0.windows) * r0.steps_per_window
-    # throughput is the median window; windows add up to the samples over the timed seconds
-    assert res.throughput == pytest.approx(sorted(r0.windows)[len(r0.windows) // 2])
+    # throughput is the median window (the mean of the middle two when the count is even);
+    # windows add up to the samples over the timed seconds
+    assert res.throughput == pytest.approx(statistics.median(r0.windows))
     ci = res.interval
     assert ci.low <= res.throughput <= ci.high and ci.n == len(r0.windows)
     total = sum(r.samples for r in res.ranks)
