@@ -47,7 +47,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.core.config import TrialConfig
-from autotune.core.errors import TrialFailed
+from autotune.core.errors import FailureReason, TrialFailed
 from autotune.core.values import nbytes, number, seconds, speedup
 from autotune.limit.evidence import COMM_BOUND_SHARE, DATA_BOUND_SHARE, Evidence
 from autotune.record import trial as tr
@@ -273,7 +273,13 @@ def probe_one(
 ) -> dict[str, Any]:
     """One limit probe of ``config`` (trial ``trial``) with ``measure`` (a ``Measurer``): its
     record, with its bounds, breakdown and next step. ``steps``: DDP steps to time (None: the
-    probe's own choice, two windows' worth). Raises ``TrialFailed``."""
+    probe's own choice, two windows' worth). Raises ``TrialFailed``.
+
+    A traced probe whose rank process dies (reason ``crash``) is measured once more without
+    the trace, and its record says so (``untraced``): ``torch.profiler``'s results, freed as
+    the rank cleans up after the probe, have crashed a rank process in ``free`` (a SIGSEGV,
+    about one traced probe in ten of the README's own-model example on CPU), and the figures
+    the search is ordered by matter more than the trace."""
     t0 = time.monotonic()
     settings: dict[str, Any] = {
         "repeats": COMM_REPEATS,
@@ -281,8 +287,17 @@ def probe_one(
     }
     if steps is not None:
         settings["steps"] = steps
-    result = measure(trial, config, limit=settings)
+    untraced = None
+    try:
+        result = measure(trial, config, limit=settings)
+    except TrialFailed as e:
+        if e.reason is not FailureReason.CRASH or trace is None:
+            raise
+        untraced = f"the traced probe failed ({e.reason.value}: {e.detail})"
+        result = measure(trial, config, limit=dict(settings, trace=None))
     record = dict(result.ranks[0].limit or {})
+    if untraced is not None:
+        record["untraced"] = untraced
     record.update(
         trial=trial,
         config=config.to_dict(),
@@ -353,4 +368,9 @@ def measure_limit(
     ]
     if failed:
         emit(Note(f"The limit probe failed ({'; '.join(failed)})"))
+    for label in configs:
+        if isinstance(out.get(label), dict) and out[label].get("untraced") and label not in known:
+            which = {"baseline": "defaults", "tuned": "tuned configuration"}.get(label, label)
+            emit(Note(f"The limit probe of the {which} was taken again without its trace: "
+                      f"{out[label]['untraced']}"))  # fmt: skip
     return out

@@ -12,6 +12,7 @@ import os
 import socket
 import warnings
 from collections import Counter
+from datetime import datetime
 from typing import Any
 
 import optuna
@@ -350,14 +351,32 @@ def close_abandoned_trials(study: optuna.Study, storage: optuna.storages.BaseSto
     public ``BaseStorage`` API changes a trial that is not this process's)."""
     closed = []
     study_id = storage.get_study_id_from_name(study.study_name)
+    now = datetime.now()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        driver = tr.driver(t)
-        if driver_alive(driver) is False:
+        detail = _abandoned(t, now)
+        if detail is not None:
             trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
             storage.set_trial_user_attr(trial_id, "reason", str(FailureReason.INTERRUPTED))
-            storage.set_trial_user_attr(
-                trial_id, "reason_detail", f"its driver ({driver}) stopped during the trial"
-            )
+            storage.set_trial_user_attr(trial_id, "reason_detail", detail)
             storage.set_trial_state_values(trial_id, TrialState.FAIL)
             closed.append(t.number)
     return closed
+
+
+def _abandoned(t: FrozenTrial, now: datetime) -> str | None:
+    """Why the RUNNING trial ``t`` has no driver left (its ``reason_detail``), or None while
+    one may still run it. A driver records itself as its trial's first write, milliseconds
+    after Optuna creates the trial; a trial still without a driver a heartbeat grace period
+    later lost its driver in those milliseconds, before Optuna's first heartbeat, and
+    Optuna's own clean-up skips a trial that never had one. Its start is the creating host's
+    clock: a host more than the grace period behind this one's could have a trial of its own
+    closed in those milliseconds."""
+    driver = tr.driver(t)
+    if driver:
+        if driver_alive(driver) is False:
+            return f"its driver ({driver}) stopped during the trial"
+        return None
+    started = t.datetime_start
+    if started is not None and (now - started).total_seconds() > storage_mod.GRACE_S:
+        return "its driver stopped as it took the trial, before recording itself"
+    return None

@@ -57,11 +57,12 @@ __all__ = [
     "reason",
     "reason_detail",
     "rel_noise",
+    "save_config",
     "save_drift",
+    "save_driver",
     "save_failure",
     "save_logs",
     "save_measurement",
-    "save_start",
     "save_wall",
     "screen_label",
     "speedup",
@@ -291,9 +292,14 @@ def fp32_drift(t: AnyTrial) -> float | None:
 # -- writing -----------------------------------------------------------------------------------
 
 
-def save_start(trial: optuna.Trial, driver_id: str, config_: TrialConfig) -> None:
-    """Who runs ``trial`` and what it runs."""
+def save_driver(trial: optuna.Trial, driver_id: str) -> None:
+    """Who runs ``trial``: the objective's first write, before anything can take time (the
+    sampler's suggestions), so that a driver killed then is known by its trial."""
     trial.set_user_attr("driver", driver_id)
+
+
+def save_config(trial: optuna.Trial, config_: TrialConfig) -> None:
+    """What ``trial`` runs."""
     trial.set_user_attr("config", config_.to_dict())
 
 

@@ -139,5 +139,7 @@ def _probe_defaults(
                   "priors' listed order"))  # fmt: skip
         return None
     save(study, FirstMeasurement(evidence=ev.to_attrs(), probe=record))
+    if record.get("untraced"):
+        emit(Note(f"The first measurement was taken again without its trace: {record['untraced']}"))
     emit(Note(f"First measurement ({budget.elapsed_s() - started:.0f} s): {ev.describe()}"))
     return ev

@@ -106,10 +106,11 @@ class Objective:
         self.interrupted.set()
 
     def __call__(self, trial: optuna.Trial) -> float | tuple[float, float]:
+        tr.save_driver(trial, DRIVER)
         t0 = self.budget.now()
         values = self.space.suggest(trial)
         config = TrialConfig.from_values(values, self.space.target)
-        tr.save_start(trial, DRIVER, config)
+        tr.save_config(trial, config)
         # every measured run of the defaults: the first is the baseline, the latest the
         # nearest so far
         runs = anchors(self.study)

@@ -95,7 +95,8 @@ def trial_running(
     ``home`` has a trial numbered ``number`` or later RUNNING (after the baseline: a trial that
     runs its ranks now) and, with ``started``, that trial's ranks (or script) have begun it:
     their log files are in the trial's log directory, which each rank opens as it starts the
-    trial. A trial that is only asked for may still run to its end after a Ctrl-C."""
+    trial. A trial that is only asked for may still run to its end after a Ctrl-C. Without
+    ``started``, the driver's objective has taken the trial (it has recorded its driver)."""
     import optuna
     from optuna.trial import TrialState
 
@@ -114,6 +115,8 @@ def trial_running(
         trials = study[0].get_trials(deepcopy=False)
         if len(trials) <= number or trials[-1].state != TrialState.RUNNING:
             return False
-        return not started or any((logs / f"trial-{trials[-1].number}").glob("*.log"))
+        if not started:  # the driver's objective has it: its first write names the driver
+            return bool(trials[-1].user_attrs.get("driver"))
+        return any((logs / f"trial-{trials[-1].number}").glob("*.log"))
 
     return check

@@ -254,3 +254,56 @@ def test_a_screening_trial_below_the_defaults_rules_its_knob_out_without_a_scree
         study.add_trial(create_trial(params=params, distributions=dist, value=value,
                                      user_attrs=attrs, state=TrialState.COMPLETE))  # fmt: skip
     assert no_gain(study) == {"comm_hook"}
+
+
+def test_a_traced_probe_whose_rank_crashed_is_taken_again_without_the_trace(tmp_path):
+    """torch.profiler's results have crashed a rank process as it freed them: the figures are
+    measured once more without the trace, and the record and a line say so; any other
+    failure, or a crash without a trace, is the probe's failure."""
+    from autotune.core.errors import FailureReason, TrialFailed
+    from autotune.limit.probe import probe_one
+
+    asked: list = []
+
+    def measure(trial, config, limit=None):
+        asked.append(limit["trace"])
+        if limit["trace"] is not None:
+            raise TrialFailed(FailureReason.CRASH, "rank 1: its process died")
+        return SimpleNamespace(ranks=[SimpleNamespace(limit=copy.deepcopy(RECORD))])
+
+    trace = tmp_path / "baseline.trace.json"
+    got = probe_one(measure, 0, TrialConfig(), trace=trace)
+    assert asked == [str(trace), None]
+    assert got["untraced"] == "the traced probe failed (crash: rank 1: its process died)"
+    assert got["bounds"] == bounds(RECORD) and got["trace"] is None
+
+    def crashes(trial, config, limit=None):
+        asked.append(limit["trace"])
+        raise TrialFailed(FailureReason.CRASH, "rank 0: its process died")
+
+    asked.clear()
+    with pytest.raises(TrialFailed, match="rank 0: its process died"):
+        probe_one(crashes, 0, TrialConfig(), trace=None)  # no trace to leave out: once
+    assert asked == [None]
+    asked.clear()
+    with pytest.raises(TrialFailed, match="rank 0: its process died"):
+        probe_one(crashes, 0, TrialConfig(), trace=trace)  # once more untraced, then failed
+    assert asked == [str(trace), None]
+
+    said: list = []
+    study = optuna.create_study(direction="maximize")
+    measure_limit(study, measure, configs={"baseline": TrialConfig()}, trials={"baseline": 0},
+                  trace_dir=tmp_path, emit=said.append)  # fmt: skip
+    assert [e.text for e in said] == [
+        "The limit probe of the defaults was taken again without its trace: the traced probe "
+        "failed (crash: rank 1: its process died)"
+    ]
+
+    def times_out(trial, config, limit=None):
+        asked.append(limit["trace"])
+        raise TrialFailed(FailureReason.TIMEOUT, "no result in 60 s")
+
+    asked.clear()
+    with pytest.raises(TrialFailed, match="no result"):
+        probe_one(times_out, 0, TrialConfig(), trace=trace)
+    assert asked == [str(trace)]  # not taken again: only a crash is the profiler's

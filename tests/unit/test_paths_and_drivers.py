@@ -109,3 +109,48 @@ def test_a_second_driver_creating_the_same_tables_opens_the_storage_again(monkey
     monkeypatch.setattr(optuna.storages, "RDBStorage", lambda url, **kw: 1 / 0)
     with pytest.raises(ConfigError, match="cannot open it as an Optuna storage"):
         storage.open_storage(url)
+
+
+def test_a_running_trial_without_a_driver_is_closed_once_a_grace_period_old(tmp_path):
+    """A driver names itself as its trial's first write; one killed in the milliseconds
+    before (after Optuna created the trial, before its first heartbeat) leaves a RUNNING trial
+    that Optuna's heartbeat clean-up never fails. A resumed run closes it once it is a grace
+    period old, and leaves a young one, a live driver's, and another host's alone; a dead
+    driver's is closed at once."""
+    from datetime import datetime, timedelta
+
+    import optuna
+    from optuna.trial import FrozenTrial, TrialState
+
+    from autotune.record import storage as storage_mod
+    from autotune.record.study import close_abandoned_trials
+
+    storage = storage_mod.open_storage(f"sqlite:///{tmp_path}/s.db")
+    study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
+    study_id = storage.get_study_id_from_name("s")
+    dead = subprocess.Popen(["sleep", "60"])
+    gone = driver_identity(dead.pid)
+    dead.kill()
+    dead.wait()
+    host, boot, pid, start = DRIVER.rsplit(":", 3)
+    old = datetime.now() - timedelta(seconds=storage_mod.GRACE_S + 5)
+    young = datetime.now() - timedelta(seconds=storage_mod.GRACE_S - 20)
+    for started, driver in [(old, None), (young, None), (old, DRIVER), (old, gone),
+                            (old, f"another-host:{boot}:{pid}:{start}")]:  # fmt: skip
+        template = FrozenTrial(
+            number=0, state=TrialState.RUNNING, value=None, datetime_start=started,
+            datetime_complete=None, params={}, distributions={},
+            user_attrs={} if driver is None else {"driver": driver}, system_attrs={},
+            intermediate_values={}, trial_id=0,
+        )  # fmt: skip
+        storage.create_new_trial(study_id, template_trial=template)
+    assert close_abandoned_trials(study, storage) == [0, 3]
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.RUNNING,
+                                         TrialState.RUNNING, TrialState.FAIL,
+                                         TrialState.RUNNING]  # fmt: skip
+    assert trials[0].user_attrs["reason"] == "interrupted"
+    assert trials[0].user_attrs["reason_detail"] == (
+        "its driver stopped as it took the trial, before recording itself"
+    )
+    assert trials[3].user_attrs["reason_detail"] == f"its driver ({gone}) stopped during the trial"
