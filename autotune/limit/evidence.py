@@ -317,7 +317,7 @@ def expected_gain(moves: dict[str, Any], ev: Evidence) -> float | None:
         return ev.off_the_loop()
     if "bucket_cap_mb" in moves:
         mb = float(moves["bucket_cap_mb"])
-        return ev.fewer_messages(mb) if mb > DEFAULT_BUCKET_MB else ev.more_overlap()
+        return ev.fewer_messages(mb) if mb > DEFAULT_BUCKET_MB else ev.more_overlap(mb)
     return None
 
 

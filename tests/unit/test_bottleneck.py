@@ -106,6 +106,22 @@ def test_priors_without_a_model_have_no_expected_gain():
     assert expected_gain({"gradient_as_bucket_view": True}, e) is None
     assert expected_gain({"comm_hook": "fp16"}, e) == pytest.approx(e.compressed())
     assert expected_gain({"bucket_cap_mb": 5.0}, e) == pytest.approx(e.more_overlap())
+    assert e.grad_bytes > 6 * 2**20  # 64 MiB: 5 MB buckets split them otherwise than 25 MB
+
+
+def test_smaller_buckets_are_no_gain_where_they_hold_the_gradients_as_the_defaults_do():
+    """A 4 KB model's gradients are one message under any cap: its latency-bound all-reduce
+    leaves much exposed, but 5 MB buckets leave it exactly as it is, and the screening skips
+    them instead of spending a trial (larger buckets, which merge nothing either, too)."""
+    e = ev(LATENCY_BOUND)
+    assert e.more_overlap() > 1.05  # beyond the noise, were any cap to move it
+    assert expected_gain({"bucket_cap_mb": 5.0}, e) == 1.0
+    assert expected_gain({"bucket_cap_mb": 100.0}, e) == 1.0
+    keep, skip = plan(_space(), e)
+    assert "bucket_cap_mb=5" in [t.prior.label for t in skip]
+    assert "bucket_cap_mb=5" not in [t.prior.label for t in keep]
+    big = plan(_space(), ev(COMM_BOUND))[0]  # 64 MiB of gradients: the smaller buckets stay in
+    assert "bucket_cap_mb=5" in [t.prior.label for t in big]
     assert expected_gain({"num_workers": 2, "persistent_workers": True}, e) == pytest.approx(
         e.off_the_loop()
     )
