@@ -368,9 +368,14 @@ def measure_limit(
     ]
     if failed:
         emit(Note(f"The limit probe failed ({'; '.join(failed)})"))
-    for label in configs:
-        if isinstance(out.get(label), dict) and out[label].get("untraced") and label not in known:
+    _say_untraced({k: v for k, v in out.items() if k in configs and k not in known}, emit)
+    return out
+
+
+def _say_untraced(probed: dict[str, Any], emit: Emit) -> None:
+    """A line for each probe taken again without its trace (``probe_one``)."""
+    for label, rec in probed.items():
+        if isinstance(rec, dict) and rec.get("untraced"):
             which = {"baseline": "defaults", "tuned": "tuned configuration"}.get(label, label)
             emit(Note(f"The limit probe of the {which} was taken again without its trace: "
-                      f"{out[label]['untraced']}"))  # fmt: skip
-    return out
+                      f"{rec['untraced']}"))  # fmt: skip

@@ -46,8 +46,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import re
-import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,14 +54,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from autotune.script.cgroup import Group, make_group
+
 POLL_S = 0.2
 GRACE_S = 3.0
 #: How long the keeper goes on killing after ``GRACE_S`` before it gives up (a process in an
 #: uninterruptible sleep cannot be killed).
 KILL_S = 5.0
 PR_SET_CHILD_SUBREAPER = 36
-#: ``0`` in the environment: contain the command by subreaper alone, no cgroup.
-CGROUP_ENV = "AUTOTUNE_GUARD_CGROUP"
 #: How the guard's own lines in the script's log begin.
 SAYS = "autotune guard:"
 
@@ -138,90 +137,6 @@ def _signal_if(pid: int, sig: int, ours: Callable[[int], bool]) -> None:
         os.close(fd)
 
 
-class Group:
-    """A cgroup v2 group of the command's own (the module doc): ``path`` in the mount,
-    ``name`` as ``/proc/PID/cgroup`` shows it."""
-
-    def __init__(self, path: Path, name: str) -> None:
-        self.path, self.name = path, name
-
-    def enter(self) -> None:
-        """Move the calling process into the group (the command's, before it runs)."""
-        (self.path / "cgroup.procs").write_text("0")
-
-    def holds(self, pid: int) -> bool:
-        try:
-            return f"0::{self.name}\n" in Path(f"/proc/{pid}/cgroup").read_text()
-        except OSError:
-            return False
-
-    def pids(self) -> list[int]:
-        with contextlib.suppress(OSError):
-            return [int(x) for x in (self.path / "cgroup.procs").read_text().split()]
-        return []
-
-    def populated(self) -> bool:
-        try:
-            return "populated 0" not in (self.path / "cgroup.events").read_text()
-        except OSError:
-            return False
-
-    def kill(self) -> None:
-        with contextlib.suppress(OSError):
-            (self.path / "cgroup.kill").write_text("1")
-
-    def remove(self, deadline: float) -> None:
-        while True:
-            with contextlib.suppress(OSError):  # busy for a moment after its last process
-                self.path.rmdir()
-            if not self.path.exists() or time.monotonic() > deadline:
-                return
-            time.sleep(0.01)
-
-
-def make_group() -> Group | str:
-    """A new cgroup v2 group under this process's own, or why none can be made."""
-    if os.environ.get(CGROUP_ENV) == "0":
-        return f"{CGROUP_ENV}=0"
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-        own = next(line[3:] for line in lines if line.startswith("0::"))
-        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
-    except (OSError, StopIteration):
-        return "this process is in no cgroup v2 group"
-    where = _group_dir(own, mounts)
-    if where is None:
-        return f"no cgroup2 mount holds this process's group {own}"
-    leaf = f"autotune-guard-{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        (where / leaf).mkdir()
-    except OSError as e:
-        return f"cannot make a group in {where}: {e.strerror}"
-    group = Group(where / leaf, f"{own.rstrip('/')}/{leaf}")
-    if not (group.path / "cgroup.kill").exists():
-        group.remove(time.monotonic())
-        return "the kernel has no cgroup.kill (Linux 5.14)"
-    return group
-
-
-def _group_dir(own: str, mountinfo: list[str]) -> Path | None:
-    """Where the group ``own`` (a ``0::`` path) is in a ``cgroup2`` mount, if one shows it."""
-    for line in mountinfo:
-        left, _, right = line.partition(" - ")
-        fields = left.split()
-        if len(fields) < 5 or not right.startswith("cgroup2 "):
-            continue
-        root, point = (re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), f)
-                       for f in fields[3:5])  # fmt: skip
-        if root != "/" and own != root and not own.startswith(root + "/"):
-            continue
-        rel = own if root == "/" else own.removeprefix(root)
-        path = Path(point) / rel.lstrip("/")
-        if (path / "cgroup.procs").exists():
-            return path
-    return None
-
-
 def _children() -> list[int]:
     """This process's children now (the keeper is one thread)."""
     me = os.getpid()
@@ -295,29 +210,37 @@ def _say(what: str) -> None:
     print(f"{SAYS} {what}", file=sys.stderr, flush=True)
 
 
+USAGE = "usage: python -m autotune.script.guard DRIVER_PID [--remove DIR] -- CMD ..."
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m autotune.script.guard DRIVER_PID -- CMD ...", file=sys.stderr)
+    remove = argv[2] if len(argv) > 3 and argv[1] == "--remove" else None
+    if remove is not None:
+        argv = [argv[0], *argv[3:]]
+    if len(argv) < 3 or argv[1] != "--" or not argv[0].isdigit():
+        print(USAGE, file=sys.stderr)
         return 2
     driver = int(argv[0])
     signal.signal(signal.SIGTERM, _stop)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # until each side can stop
     keeper = os.fork()
     if keeper == 0:  # the keeper: its parent is this front from now on
-        os._exit(_keep(os.getppid(), argv[2:]))
+        os._exit(_keep(os.getppid(), argv[2:], remove))
     try:
         pidfd = os.pidfd_open(keeper)  # the keeper is not reaped yet: this names it for good
     except (OSError, AttributeError):
         pidfd = -1
-    return _front(driver, keeper, pidfd)
+    return _front(driver, keeper, pidfd, remove)
 
 
-def _front(driver: int, keeper: int, pidfd: int) -> int:
+def _front(driver: int, keeper: int, pidfd: int, remove: str | None = None) -> int:
     """The front: what the driver (or the Ray task) started and signals. It passes SIGTERM on
     to the keeper, and tells it when the driver went away, then exits with its status. When
     the front itself is killed outright (Ray kills a dead worker's direct children with
-    SIGKILL), the keeper sees its parent change and ends the command alone."""
-    told = False
+    SIGKILL), the keeper sees its parent change and ends the command alone. ``remove``: the
+    trial's directory, which a driver that went away cannot remove; whichever of the two ends
+    the command for a driver gone removes it once the command has ended."""
+    told = orphaned = False
     while True:
         try:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
@@ -326,9 +249,11 @@ def _front(driver: int, keeper: int, pidfd: int) -> int:
             except ChildProcessError:  # reaped by the wait a SIGTERM interrupted
                 return 128 + signal.SIGTERM
             if pid:
+                if orphaned:
+                    _remove(remove)
                 return _status(os.waitstatus_to_exitcode(status))
             if os.getppid() != driver:  # the driver died without ending the trial
-                told = _tell(pidfd, keeper)
+                told = orphaned = _tell(pidfd, keeper)
             else:
                 time.sleep(POLL_S)
         except _Stop:
@@ -347,12 +272,13 @@ def _tell(pidfd: int, keeper: int) -> bool:
     return True
 
 
-def _keep(front: int, cmd: list[str]) -> int:
+def _keep(front: int, cmd: list[str], remove: str | None = None) -> int:
     """The keeper: a child subreaper that runs the command and ends all it started."""
     with contextlib.suppress(OSError, AttributeError):  # Linux; elsewhere the group only
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     code: int = 1
     group: Group | str | None = None
+    abandoned = False
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         group = make_group()  # before the command starts: end_all then knows of it
@@ -363,6 +289,7 @@ def _keep(front: int, cmd: list[str]) -> int:
                 break
             except subprocess.TimeoutExpired:
                 if os.getppid() != front:  # the front was killed: nobody will end the trial
+                    abandoned = True
                     break
     except _Stop:
         code = 128 + signal.SIGTERM
@@ -372,7 +299,14 @@ def _keep(front: int, cmd: list[str]) -> int:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         end_all(group if isinstance(group, Group) else None)
+        if abandoned:
+            _remove(remove)
     return _status(code)
+
+
+def _remove(path: str | None) -> None:
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _start(cmd: list[str], group: Group | str) -> subprocess.Popen[bytes]:

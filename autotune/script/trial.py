@@ -169,7 +169,7 @@ def run_script(
         stream = StepStream(measure, config.micro_batch * world_size, incumbent)
         log.write_bytes(b"")
         with open(log, "ab") as out:  # O_APPEND: the cap cuts the log in place (core.logfile)
-            proc = _start(command, child_env, cwd, out)
+            proc = _start(command, child_env, cwd, out, work)
             try:
                 rank0 = _watch(proc, stream, reports, log, started, timeout_s, wrap_wait_s,
                                max_memory_mb)  # fmt: skip
@@ -205,10 +205,13 @@ def _start(
     env: Mapping[str, str],
     cwd: str | os.PathLike[str] | None,
     out: IO[bytes],
+    work: Path,
 ) -> subprocess.Popen[bytes]:
     """Start ``command`` under the guard (``autotune.script.guard``, watching this process), in
-    a session of its own, its output to ``out``."""
-    guarded = [sys.executable, "-m", "autotune.script.guard", str(os.getpid()), "--"]
+    a session of its own, its output to ``out``; the guard removes the trial's directory
+    ``work`` if this process goes away first (``kill -9``)."""
+    guarded = [sys.executable, "-m", "autotune.script.guard", str(os.getpid()),
+               "--remove", str(work), "--"]  # fmt: skip
     return subprocess.Popen(  # noqa: S603 - the user's own command, as they typed it
         [*guarded, *command], env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL, start_new_session=True,

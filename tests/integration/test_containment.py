@@ -23,6 +23,7 @@ import pytest
 from autotune.core.config import MeasureSettings
 from autotune.core.errors import FailureReason, TrialFailed
 from autotune.script import guard
+from autotune.script.cgroup import CGROUP_ENV, make_group
 from autotune.script.trial import run_script
 from tests.conftest import REPO
 from tests.integration.test_script_mode import config
@@ -86,7 +87,7 @@ def stop(tmp_path) -> Iterator[Path]:
 
 
 def cgroup_or_skip() -> None:
-    group = guard.make_group()
+    group = make_group()
     if isinstance(group, str):
         pytest.skip(f"no cgroup v2 group can be made here: {group}")
     group.remove(time.monotonic() + 5)
@@ -95,7 +96,7 @@ def cgroup_or_skip() -> None:
 def chain_trial(stop: Path, log_dir: Path, *, cgroup: bool, exits: bool = False) -> str:
     """One script trial of the fork chain, ended by the trial's wait for a first step; the
     script's log."""
-    env = {**os.environ, guard.CGROUP_ENV: "1" if cgroup else "0"}
+    env = {**os.environ, CGROUP_ENV: "1" if cgroup else "0"}
     cmd = [sys.executable, str(CHAIN), str(stop), *(["--exit"] if exits else [])]
     with pytest.raises(TrialFailed) as e:
         run_script(cmd, config(), world_size=2, measure=MeasureSettings(), timeout_s=60,

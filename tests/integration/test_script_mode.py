@@ -152,8 +152,10 @@ def _forking_script(tmp_path: Path) -> tuple[Path, Path]:
     return script, marker
 
 
-def _kill_and_expect_none_left(victim: subprocess.Popen, marker: Path) -> None:
-    """Once the script's two processes run, SIGKILL ``victim``; neither may outlive it."""
+def _kill_and_expect_none_left(victim: subprocess.Popen, marker: Path, work: Path) -> None:
+    """Once the script's two processes run, SIGKILL ``victim``; neither may outlive it, and
+    the trial's directories under ``work`` (the temporary directory the driver made, which
+    its ``with`` no longer removes) are removed with them."""
     deadline = time.monotonic() + 60
     while not marker.exists() or len(marker.read_text().split()) < 2:
         assert time.monotonic() < deadline and victim.poll() is None
@@ -165,18 +167,23 @@ def _kill_and_expect_none_left(victim: subprocess.Popen, marker: Path) -> None:
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [p for p in pids if alive(p)]
+    assert wait_for(lambda: list(work.iterdir()) == [], 10), list(work.iterdir())
 
 
 def test_no_process_of_the_script_outlives_a_driver_killed_with_minus_9(tmp_path):
     script, marker = _forking_script(tmp_path)
+    work = tmp_path / "tmp"  # the driver's temporary directory: the trial's is made in it
+    work.mkdir()
     driver = subprocess.Popen([sys.executable, "-c", (
         "import sys\n"
         "from tests.integration.test_script_mode import config\n"
         "from autotune.core.config import MeasureSettings\n"
         "from autotune.script.trial import run_script\n"
         f"run_script([sys.executable, {str(script)!r}], config(), world_size=2, "
-        "measure=MeasureSettings(), timeout_s=600, wrap_wait_s=600)\n")], cwd=REPO)  # fmt: skip
-    _kill_and_expect_none_left(driver, marker)
+        "measure=MeasureSettings(), timeout_s=600, wrap_wait_s=600)\n")], cwd=REPO,
+        env={**os.environ, "TMPDIR": str(work)})  # fmt: skip
+    assert wait_for(lambda: any(work.iterdir()), 60)  # the trial's directory is made
+    _kill_and_expect_none_left(driver, marker, work)
 
 
 def test_no_process_of_the_script_outlives_a_guard_front_killed_with_minus_9(tmp_path):
@@ -184,10 +191,12 @@ def test_no_process_of_the_script_outlives_a_guard_front_killed_with_minus_9(tmp
     -9): it SIGKILLs the worker's direct children, i.e. the guard's front. The keeper, its
     child, then ends the command's processes on its own."""
     script, marker = _forking_script(tmp_path)
+    work = tmp_path / "work"
+    (work / "trial" / "report").mkdir(parents=True)
     front = subprocess.Popen([sys.executable, "-m", "autotune.script.guard", str(os.getpid()),
-                              "--", sys.executable, str(script)], cwd=REPO,
-                             start_new_session=True)  # fmt: skip
-    _kill_and_expect_none_left(front, marker)
+                              "--remove", str(work / "trial"), "--", sys.executable,
+                              str(script)], cwd=REPO, start_new_session=True)  # fmt: skip
+    _kill_and_expect_none_left(front, marker, work)
 
 
 def running_in(where: Path) -> list[str]:

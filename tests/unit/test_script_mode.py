@@ -261,7 +261,7 @@ def test_the_guard_front_tells_a_reaped_keeper_nothing(monkeypatch):
 
 
 def test_the_cgroup2_mount_and_the_group_are_found_in_mountinfo():
-    from autotune.script import guard
+    from autotune.script import cgroup
 
     hybrid = ["41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw",
               "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory"]  # fmt: skip
@@ -271,8 +271,8 @@ def test_the_cgroup2_mount_and_the_group_are_found_in_mountinfo():
 
     def where(own: str, mounts: list[str]) -> str | None:
         with pytest.MonkeyPatch.context() as m:
-            m.setattr(guard.Path, "exists", lambda p: str(p.parent) in exists)
-            found = guard._group_dir(own, mounts)
+            m.setattr(cgroup.Path, "exists", lambda p: str(p.parent) in exists)
+            found = cgroup.group_dir(own, mounts)
         return None if found is None else str(found)
 
     assert where("/", hybrid) == "/sys/fs/cgroup/unified"
