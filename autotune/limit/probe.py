@@ -278,8 +278,9 @@ def probe_one(
     A traced probe whose rank process dies (reason ``crash``) is measured once more without
     the trace, and its record says so (``untraced``): ``torch.profiler``'s results, freed as
     the rank cleans up after the probe, have crashed a rank process in ``free`` (a SIGSEGV,
-    about one traced probe in ten of the README's own-model example on CPU), and the figures
-    the search is ordered by matter more than the trace."""
+    1 of 25 runs of the README's own-model example on CPU), and the figures the search is
+    ordered by matter more than the trace. What the crashed run wrote at ``trace`` is
+    removed: the record names no trace then."""
     t0 = time.monotonic()
     settings: dict[str, Any] = {
         "repeats": COMM_REPEATS,
@@ -298,6 +299,8 @@ def probe_one(
     record = dict(result.ranks[0].limit or {})
     if untraced is not None:
         record["untraced"] = untraced
+        if trace is not None:  # whatever the crashed run wrote is not this record's trace
+            trace.unlink(missing_ok=True)
     record.update(
         trial=trial,
         config=config.to_dict(),
@@ -343,7 +346,8 @@ def measure_limit(
             try:  # a stored record may be someone else's: read it as the probe's, or probe
                 advice = next_step(known[label], config, free_batch=free_batch, device=device,
                                    ruled_out=ruled_out)  # fmt: skip
-                out[label] = dict(known[label], bounds=bounds(known[label]), next=advice)
+                reused = {k: v for k, v in known[label].items() if k != "untraced"}  # said
+                out[label] = dict(reused, bounds=bounds(known[label]), next=advice)
                 continue
             except (KeyError, TypeError, ValueError, ZeroDivisionError):
                 pass
@@ -368,7 +372,7 @@ def measure_limit(
     ]
     if failed:
         emit(Note(f"The limit probe failed ({'; '.join(failed)})"))
-    _say_untraced({k: v for k, v in out.items() if k in configs and k not in known}, emit)
+    _say_untraced({k: v for k, v in out.items() if k in configs}, emit)
     return out
 
 

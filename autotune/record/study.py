@@ -344,7 +344,8 @@ def driver_alive(driver: str) -> bool | None:
 
 
 def close_abandoned_trials(study: optuna.Study, storage: optuna.storages.BaseStorage) -> list[int]:
-    """FAIL (reason ``interrupted``) the RUNNING trials whose driver died on this host.
+    """FAIL (reason ``interrupted``) the RUNNING trials whose driver died on this host, and
+    those that never named a driver and are a heartbeat grace period old (``_abandoned``).
 
     Trials of drivers on other hosts are left to Optuna's heartbeat, which fails them once
     they have been silent for the grace period. ``storage`` is the study's own storage (its

@@ -1,7 +1,8 @@
 """Script mode: the guard between the driver and the user's command.
 
-``python -m autotune.script.guard DRIVER_PID -- CMD ...`` is what ``script.trial.run_script``
-starts (its DRIVER_PID is the process that starts it: the driver, or the Ray task's worker).
+``python -m autotune.script.guard DRIVER_PID [--remove DIR] -- CMD ...`` is what
+``script.trial.run_script`` starts (its DRIVER_PID is the process that starts it: the driver,
+or the Ray task's worker; DIR the trial's directory, removed if the driver goes away first).
 It is two processes. The front, which the driver sees, forks the keeper and waits for it,
 exiting with its status (128 + N for a signal N). The keeper makes itself a child subreaper
 (Linux ``PR_SET_CHILD_SUBREAPER``) and starts the command in a process group of its own:
@@ -225,7 +226,7 @@ def main(argv: list[str]) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # until each side can stop
     keeper = os.fork()
     if keeper == 0:  # the keeper: its parent is this front from now on
-        os._exit(_keep(os.getppid(), argv[2:], remove))
+        os._exit(_keep(os.getppid(), argv[2:], remove, driver))
     try:
         pidfd = os.pidfd_open(keeper)  # the keeper is not reaped yet: this names it for good
     except (OSError, AttributeError):
@@ -238,9 +239,10 @@ def _front(driver: int, keeper: int, pidfd: int, remove: str | None = None) -> i
     to the keeper, and tells it when the driver went away, then exits with its status. When
     the front itself is killed outright (Ray kills a dead worker's direct children with
     SIGKILL), the keeper sees its parent change and ends the command alone. ``remove``: the
-    trial's directory, which a driver that went away cannot remove; whichever of the two ends
-    the command for a driver gone removes it once the command has ended."""
-    told = orphaned = False
+    trial's directory, which a driver that went away cannot remove: each of the two removes it
+    once the command has ended if the driver is gone by then (the driver reads the trial's
+    reports from it after the command ends)."""
+    told = False
     while True:
         try:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
@@ -249,11 +251,11 @@ def _front(driver: int, keeper: int, pidfd: int, remove: str | None = None) -> i
             except ChildProcessError:  # reaped by the wait a SIGTERM interrupted
                 return 128 + signal.SIGTERM
             if pid:
-                if orphaned:
+                if os.getppid() != driver:
                     _remove(remove)
                 return _status(os.waitstatus_to_exitcode(status))
             if os.getppid() != driver:  # the driver died without ending the trial
-                told = orphaned = _tell(pidfd, keeper)
+                told = _tell(pidfd, keeper)
             else:
                 time.sleep(POLL_S)
         except _Stop:
@@ -272,13 +274,13 @@ def _tell(pidfd: int, keeper: int) -> bool:
     return True
 
 
-def _keep(front: int, cmd: list[str], remove: str | None = None) -> int:
-    """The keeper: a child subreaper that runs the command and ends all it started."""
+def _keep(front: int, cmd: list[str], remove: str | None = None, driver: int = 0) -> int:
+    """The keeper: a child subreaper that runs the command and ends all it started; then
+    removes ``remove`` if the driver (pid ``driver``) is gone (``_front``)."""
     with contextlib.suppress(OSError, AttributeError):  # Linux; elsewhere the group only
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     code: int = 1
     group: Group | str | None = None
-    abandoned = False
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         group = make_group()  # before the command starts: end_all then knows of it
@@ -289,7 +291,6 @@ def _keep(front: int, cmd: list[str], remove: str | None = None) -> int:
                 break
             except subprocess.TimeoutExpired:
                 if os.getppid() != front:  # the front was killed: nobody will end the trial
-                    abandoned = True
                     break
     except _Stop:
         code = 128 + signal.SIGTERM
@@ -299,9 +300,20 @@ def _keep(front: int, cmd: list[str], remove: str | None = None) -> int:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         end_all(group if isinstance(group, Group) else None)
-        if abandoned:
+        if _gone(driver):
             _remove(remove)
     return _status(code)
+
+
+def _gone(pid: int) -> bool:
+    """Whether no process ``pid`` runs (a reused pid reads as running: nothing is removed)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _remove(path: str | None) -> None:

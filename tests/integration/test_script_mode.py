@@ -193,10 +193,39 @@ def test_no_process_of_the_script_outlives_a_guard_front_killed_with_minus_9(tmp
     script, marker = _forking_script(tmp_path)
     work = tmp_path / "work"
     (work / "trial" / "report").mkdir(parents=True)
-    front = subprocess.Popen([sys.executable, "-m", "autotune.script.guard", str(os.getpid()),
-                              "--remove", str(work / "trial"), "--", sys.executable,
-                              str(script)], cwd=REPO, start_new_session=True)  # fmt: skip
-    _kill_and_expect_none_left(front, marker, work)
+    # the worker that ran the trial: it starts the guard as run_script does, says its pid,
+    # and is killed right after it (Ray's order: the worker's children, the worker gone)
+    worker = subprocess.Popen([sys.executable, "-c", (
+        "import os, subprocess, sys, time\n"
+        "front = subprocess.Popen([sys.executable, '-m', 'autotune.script.guard', "
+        f"str(os.getpid()), '--remove', {str(work / 'trial')!r}, '--', sys.executable, "
+        f"{str(script)!r}], start_new_session=True)\n"
+        "print(front.pid, flush=True)\n"
+        "time.sleep(600)\n")], cwd=REPO, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        front = int(worker.stdout.readline())
+        _kill_and_expect_none_left(Killed(front, worker), marker, work)
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+class Killed:
+    """The guard's front by pid, killed as Ray kills a dead worker's children: then the
+    worker itself (``_kill_and_expect_none_left``'s victim)."""
+
+    def __init__(self, front: int, worker: subprocess.Popen) -> None:
+        self.front, self.worker = front, worker
+
+    def poll(self) -> int | None:
+        return None if alive(self.front) else 0
+
+    def send_signal(self, sig: int) -> None:
+        os.kill(self.front, sig)
+        self.worker.send_signal(sig)
+
+    def wait(self) -> None:
+        self.worker.wait()
 
 
 def running_in(where: Path) -> list[str]:

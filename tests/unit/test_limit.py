@@ -5,6 +5,7 @@ record. (The probe itself runs in ``tests/integration/test_limit.py``.)"""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from types import SimpleNamespace
 
 import optuna
@@ -267,7 +268,8 @@ def test_a_traced_probe_whose_rank_crashed_is_taken_again_without_the_trace(tmp_
 
     def measure(trial, config, limit=None):
         asked.append(limit["trace"])
-        if limit["trace"] is not None:
+        if limit["trace"] is not None:  # rank 0 wrote its trace, then a rank died
+            Path(limit["trace"]).write_text("{}")
             raise TrialFailed(FailureReason.CRASH, "rank 1: its process died")
         return SimpleNamespace(ranks=[SimpleNamespace(limit=copy.deepcopy(RECORD))])
 
@@ -275,7 +277,7 @@ def test_a_traced_probe_whose_rank_crashed_is_taken_again_without_the_trace(tmp_
     got = probe_one(measure, 0, TrialConfig(), trace=trace)
     assert asked == [str(trace), None]
     assert got["untraced"] == "the traced probe failed (crash: rank 1: its process died)"
-    assert got["bounds"] == bounds(RECORD) and got["trace"] is None
+    assert got["bounds"] == bounds(RECORD) and got["trace"] is None and not trace.exists()
 
     def crashes(trial, config, limit=None):
         asked.append(limit["trace"])

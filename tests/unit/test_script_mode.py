@@ -280,3 +280,13 @@ def test_the_cgroup2_mount_and_the_group_are_found_in_mountinfo():
     assert where("/user.slice/x", bound) == "/mnt/my cg/x"
     assert where("/other.slice/x", bound) is None  # outside the mount's root
     assert where("/", hybrid[1:]) is None  # cgroup v1 only
+
+
+@pytest.mark.parametrize("argv", [["12"], ["12", "--"], ["x", "--", "cmd"], ["12", "cmd"],
+                                  ["12", "--remove", "/tmp/d"], ["12", "--remove", "--", "c"],
+                                  ["12", "--remove", "/tmp/d", "cmd"]])  # fmt: skip
+def test_the_guard_refuses_what_is_not_its_usage_and_starts_nothing(argv, capsys):
+    from autotune.script import guard
+
+    assert guard.main(argv) == 2
+    assert capsys.readouterr().err.strip() == guard.USAGE
