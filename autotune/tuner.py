@@ -376,8 +376,8 @@ def _runners(d: StudyDefinition, plan: RankPlan, world: int, backend: str) -> li
     runners: list[TrialRunner] = []
 
     def place(timeout_s: float) -> None:
-        runners.append(TrialRunner(world_size=world, backend=backend,
-                                   cpus_per_rank=plan.cpus_per_rank, strategy=d.placement,
+        runners.append(TrialRunner(world_size=world, backend=backend, strategy=d.placement,
+                                   cpus_per_rank=plan.cpus_per_rank, node_wait_s=d.node_wait_s,
                                    placement_timeout_s=timeout_s))  # fmt: skip
 
     try:

@@ -230,6 +230,14 @@ class StudyDefinition:
         "CPUs; 1 on one machine",
         help="trials measured at once, each in its own placement group",
     )
+    node_wait_s: float = setting(
+        30.0,
+        DURATION,
+        key="node_wait",
+        help="how long a trial whose node was lost waits for the cluster to place its ranks "
+        "again before the run stops (resumable); a cluster that replaces nodes by autoscaling "
+        "needs minutes",
+    )
 
     command: tuple[str, ...] = field(default=(), compare=False)
     """Script mode: the user's command (``autotune run ... -- CMD``); empty for a trainer."""

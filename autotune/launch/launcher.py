@@ -30,6 +30,7 @@ from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.errors import ClusterLost, ConfigError, FailureReason, TrialFailed
 from autotune.core.rank_io import RankResult, RankSpec
 from autotune.core.stats import Interval
+from autotune.definition.durations import format_duration
 from autotune.launch.failures import classify, gone_away
 from autotune.launch.hardware import describe
 from autotune.launch.pool import RankPool
@@ -46,7 +47,8 @@ ROOT_CAUSE_WAIT_S = 3.0
 #: How long the cluster may take to report a trial's node dead once its ranks say that a peer
 #: or a process went away (Ray's health checks take a few seconds to declare a node dead).
 NODE_DEATH_WAIT_S = 20.0
-#: How long a trial waits for the placement group to be placed again after a node was lost.
+#: How long a trial waits for the placement group to be placed again after a node was lost
+#: (``--node-wait``).
 REPLACEMENT_TIMEOUT_S = 30.0
 #: What a task in the group (``call_in_group``) may take beyond its own timeout: scheduling,
 #: and ending the command's processes.
@@ -82,11 +84,13 @@ class TrialRunner:
         strategy: str = "PACK",
         reuse: bool = True,
         placement_timeout_s: float = PLACEMENT_TIMEOUT_S,
+        node_wait_s: float = REPLACEMENT_TIMEOUT_S,
     ) -> None:
         import ray
         from ray.util.placement_group import placement_group
 
         self.reuse = reuse
+        self.node_wait_s = node_wait_s
         #: Set by ``abort`` (Ctrl-C or SIGTERM): the ranks that fail now were killed by it, so
         #: no failure waits to learn whether a node died.
         self.aborted = False
@@ -344,13 +348,14 @@ class TrialRunner:
         if placement_group_table(self.pg).get("state") == "CREATED":
             return
         try:
-            ray.get(self.pg.ready(), timeout=REPLACEMENT_TIMEOUT_S)
+            ray.get(self.pg.ready(), timeout=self.node_wait_s)
         except ray.exceptions.GetTimeoutError:
             have = ray.available_resources()
             raise ClusterLost(
                 f"the Ray cluster lost capacity and cannot place {self.world_size} ranks again "
-                f"(free now: CPU={have.get('CPU', 0):g}, GPU={have.get('GPU', 0):g}); add nodes "
-                f"or lower --world-size, then run the same command to resume"
+                f"within --node-wait {format_duration(self.node_wait_s)} (free now: "
+                f"CPU={have.get('CPU', 0):g}, GPU={have.get('GPU', 0):g}); add nodes or lower "
+                f"--world-size, then run the same command to resume"
             ) from None
 
     def close(self) -> None:

@@ -26,6 +26,7 @@ def check_run_stopped_by_node_loss(p: subprocess.Popen, out: str, home: Path, st
 
     assert p.returncode == 1, out
     assert "stopped early: the Ray cluster lost capacity" in out
+    assert "cannot place 2 ranks again within --node-wait 5s" in out
     trials = optuna.load_study(study_name=study,
                                storage=f"sqlite:///{home / 'autotune.db'}").trials  # fmt: skip
     assert trials[0].state == TrialState.COMPLETE

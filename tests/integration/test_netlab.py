@@ -188,8 +188,8 @@ def test_a_trial_and_the_limit_probe_run_one_rank_per_node_across_the_shaped_lin
 def test_a_worker_node_killed_mid_trial_fails_the_trial_and_stops_the_run(up_lab, run_env):
     p = subprocess.Popen(
         autotune_cmd("lab", "exec", "--", *autotune_cmd("run", "--address", "auto", "--study",
-                     "quick", "--placement", "spread", "--budget", "5m", "--quiet",
-                     "--study-name", "killed")),
+                     "quick", "--placement", "spread", "--budget", "5m", "--node-wait", "5s",
+                     "--quiet", "--study-name", "killed")),
         env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:

@@ -76,6 +76,7 @@ def test_the_run_command_has_every_flag_and_shows_the_real_defaults(capsys):
         (["--concurrent-trials", "0"], "--concurrent-trials: must be a whole number >= 1, got 0"),
         (["--world-size", "two"], "--world-size: must be a whole number >= 1, got 'two'"),
         (["--budget", "0s"], "--budget: a duration must be positive and finite, got '0s'"),
+        (["--node-wait", "0"], "--node-wait: a duration must be positive and finite, got '0'"),
         (
             ["--drift-tolerance", "-1"],
             "--drift-tolerance: must be a relative difference above 0 and below 10",
