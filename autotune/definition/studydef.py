@@ -32,6 +32,7 @@ from autotune.definition.settings import SettingError, setting
 
 __all__ = [
     "BACKENDS",
+    "NODE_WAIT_S",
     "OBJECTIVES",
     "PLACEMENTS",
     "SAMPLERS",
@@ -45,6 +46,9 @@ BACKENDS = ("auto", "gloo", "nccl")
 #: Ray placement-group strategies for one trial's ranks.
 PLACEMENTS = ("pack", "spread", "strict_pack", "strict_spread")
 OBJECTIVES = ("throughput", "throughput,memory")
+#: How long a trial whose node was lost waits for its placement group to be placed again
+#: (``--node-wait``'s default; ``launch.launcher.TrialRunner``'s).
+NODE_WAIT_S = 30.0
 
 
 def _study_measure(m: MeasureSettings) -> str | None:
@@ -231,7 +235,7 @@ class StudyDefinition:
         help="trials measured at once, each in its own placement group",
     )
     node_wait_s: float = setting(
-        30.0,
+        NODE_WAIT_S,
         DURATION,
         key="node_wait",
         help="how long a trial whose node was lost waits for the cluster to place its ranks "

@@ -31,6 +31,7 @@ from autotune.core.errors import ClusterLost, ConfigError, FailureReason, TrialF
 from autotune.core.rank_io import RankResult, RankSpec
 from autotune.core.stats import Interval
 from autotune.definition.durations import format_duration
+from autotune.definition.studydef import NODE_WAIT_S
 from autotune.launch.failures import classify, gone_away
 from autotune.launch.hardware import describe
 from autotune.launch.pool import RankPool
@@ -47,9 +48,6 @@ ROOT_CAUSE_WAIT_S = 3.0
 #: How long the cluster may take to report a trial's node dead once its ranks say that a peer
 #: or a process went away (Ray's health checks take a few seconds to declare a node dead).
 NODE_DEATH_WAIT_S = 20.0
-#: How long a trial waits for the placement group to be placed again after a node was lost
-#: (``--node-wait``).
-REPLACEMENT_TIMEOUT_S = 30.0
 #: What a task in the group (``call_in_group``) may take beyond its own timeout: scheduling,
 #: and ending the command's processes.
 TASK_GRACE_S = 30.0
@@ -84,7 +82,7 @@ class TrialRunner:
         strategy: str = "PACK",
         reuse: bool = True,
         placement_timeout_s: float = PLACEMENT_TIMEOUT_S,
-        node_wait_s: float = REPLACEMENT_TIMEOUT_S,
+        node_wait_s: float = NODE_WAIT_S,
     ) -> None:
         import ray
         from ray.util.placement_group import placement_group

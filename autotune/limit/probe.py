@@ -296,11 +296,10 @@ def probe_one(
             raise
         untraced = f"the traced probe failed ({e.reason.value}: {e.detail})"
         result = measure(trial, config, limit=dict(settings, trace=None))
+        trace.unlink(missing_ok=True)  # whatever the crashed run wrote is not this record's
     record = dict(result.ranks[0].limit or {})
     if untraced is not None:
         record["untraced"] = untraced
-        if trace is not None:  # whatever the crashed run wrote is not this record's trace
-            trace.unlink(missing_ok=True)
     record.update(
         trial=trial,
         config=config.to_dict(),
