@@ -98,6 +98,7 @@ def trial_running(
     trial. A trial that is only asked for may still run to its end after a Ctrl-C. Without
     ``started``, the driver's objective has taken the trial (it has recorded its driver)."""
     import optuna
+    import sqlalchemy
     from optuna.trial import TrialState
 
     db = Path(home) / "autotune.db"
@@ -111,6 +112,8 @@ def trial_running(
             try:
                 study.append(optuna.load_study(study_name=study_name, storage=f"sqlite:///{db}"))
             except KeyError:  # not created yet
+                return False
+            except sqlalchemy.exc.OperationalError:  # the run is creating the tables this moment
                 return False
         trials = study[0].get_trials(deepcopy=False)
         if len(trials) <= number or trials[-1].state != TrialState.RUNNING:
