@@ -10,6 +10,10 @@
 * a Ray head in ``atlab-0`` (port 6379 on its lab address) and a Ray worker node in each
   other namespace, ``--num-cpus`` each, with ``GLOO_SOCKET_IFNAME=lab`` in their environment,
   so that every rank process they start binds gloo to the lab interface;
+* the cluster's own token: made fresh for each lab (``secrets``), kept in the lab's private
+  directory (``TOKEN``, mode 0600) and named by ``RAY_AUTH_TOKEN_PATH`` in the environment of
+  every node and of ``lab exec``: the lab works on a machine where Ray never ran (no
+  ``~/.ray/auth_token``), and uses no token of the user's;
 * a check that the cluster really has every node, from inside ``atlab-0``.
 
 Nothing in the lab can reach or be reached from any other network: the namespaces have no
@@ -34,6 +38,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import stat
@@ -56,6 +61,8 @@ RAY_PORT = 6379
 #: socket paths are length-limited).
 TEMP_DIR = Path("/tmp") / PREFIX
 RECORD = TEMP_DIR / "lab.json"
+#: The lab cluster's token (mode 0600): Ray's token authentication for its nodes and drivers.
+TOKEN = TEMP_DIR / "token"
 #: Ray's temp dir, which Ray makes world-writable: inside the private one, out of others' reach.
 RAY_TEMP_DIR = TEMP_DIR / "ray"
 MAX_NODES = 16
@@ -91,9 +98,11 @@ def node_ip(i: int) -> str:
 
 def node_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of everything the lab runs: the lab interface for gloo, Ray's token
-    authentication (the nodes share this machine's token file), no inherited Ray address."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(GLOO_SOCKET_IFNAME=IFNAME, RAY_AUTH_MODE="token")
+    authentication with the lab's own token (``TOKEN``; a token this process carries in
+    ``RAY_AUTH_TOKEN`` would win over the file, so it is left out), no inherited Ray address."""
+    drop = ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(GLOO_SOCKET_IFNAME=IFNAME, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(TOKEN))
     env.update(extra or {})
     return env
 
@@ -165,9 +174,24 @@ def _sh(*cmd: str, timeout: float = 60.0, env: dict[str, str] | None = None,
     except subprocess.TimeoutExpired:
         raise LabError(f"{what} did not finish in {timeout:.0f}s") from None
     if p.returncode != 0:
-        said = [line for line in (p.stderr + p.stdout).splitlines() if line.strip()]
-        raise LabError(f"{what} failed: {said[-1].strip() if said else p.returncode}")
+        raise LabError(f"{what} failed: {failure_line(p.stderr, p.stdout) or p.returncode}")
     return p.stdout
+
+
+#: Words of a line that says what failed, in what a setup step printed.
+_FAILURE_WORDS = re.compile(r"error|fail|refus|denied|not found|cannot|invalid|exception", re.I)
+
+
+def failure_line(stderr: str, stdout: str) -> str:
+    """The line of a failed step's output that says what failed: stderr first (Ray prints its
+    error there, and a harmless "Local node IP" line last on stdout), the last line there
+    naming an error, else stderr's last line, else stdout's; empty when it printed nothing."""
+    for text in (stderr, stdout):
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        named = [line for line in lines if _FAILURE_WORDS.search(line)]
+        if named or lines:
+            return (named or lines)[-1][:300]
+    return ""
 
 
 def _ray() -> str:
@@ -196,6 +220,14 @@ def _build_network(lab: Lab) -> None:
             _sh("tc", "-n", where, "qdisc", "add", "dev", dev, "root", "tbf",
                 "rate", lab.rate, *TBF)  # fmt: skip
             _sh("ip", "-n", where, "link", "set", dev, "up")
+
+
+def _make_token() -> None:
+    """The lab cluster's token, fresh, in ``TOKEN`` (mode 0600, created without following a
+    link: the private directory was checked just before)."""
+    fd = os.open(TOKEN, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
 
 
 def _start_ray(lab: Lab) -> None:
@@ -233,10 +265,10 @@ def _wait_joined(lab: Lab) -> list[str]:
     ips = p.stdout.split()
     want = [node_ip(i) for i in range(lab.nodes)]
     if p.returncode != 0 or sorted(ips) != sorted(want):
-        said = [line for line in p.stderr.splitlines() if line.strip()]
+        said = failure_line(p.stderr, "")
         raise LabError(
             f"the cluster has nodes {ips or 'none'}, expected {want}"
-            + (f" ({said[-1]})" if said else "")
+            + (f" ({said})" if said else "")
         )
     return ips
 
@@ -260,6 +292,7 @@ def up(*, nodes: int = 2, rate: str = "1gbit", cpus_per_node: int | None = None)
     check_state_dir(create=True)
     try:
         _build_network(lab)
+        _make_token()
         _start_ray(lab)
         _wait_joined(lab)
         RECORD.write_text(json.dumps(asdict(lab)))

@@ -70,6 +70,7 @@ from autotune.record.vet import check_studies
 from autotune.report.events import Emit, Note, ignore
 from autotune.report.trackers import Trackers
 from autotune.script.job import ScriptJob, script_job
+from autotune.script.nodes import check_files
 from autotune.search.assembly import Assembly, assemble
 from autotune.search.screening import ruled_out
 
@@ -148,6 +149,9 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
                       f"({target.world_size} ranks, {plan.cpus_per_rank} CPU(s) each, "
                       f"--placement {d.placement})"))  # fmt: skip
         measure = RayMeasurer(study=study, runners=runners, definition=d, target=target)
+        if isinstance(workload, ScriptJob):
+            measure.files = check_files(runners[0], workload.command, os.getcwd())
+            emit(Note(measure.files.describe(workload.nodes)))
         run = assemble(
             study=study, space=resolved, definition=d, measure=measure,
             emit=emit, started=req.started, tick=tick,
@@ -215,6 +219,11 @@ def _checked(req: RunRequest) -> tuple[StudyDefinition, Workload | ScriptJob, Se
         raise ConfigError(
             "--global-batch is for script mode (autotune run ... -- CMD); a trainer takes its "
             "own: --trainer-option global_batch=N"
+        )
+    elif d.nodes is not None:
+        raise ConfigError(
+            "--nodes is for script mode (autotune run ... -- torchrun ...); a trainer's ranks "
+            "go over the cluster's nodes with --placement spread"
         )
     else:
         workload = load_workload(d.trainer, d.trainer_options)
@@ -376,9 +385,17 @@ def _runners(d: StudyDefinition, plan: RankPlan, world: int, backend: str) -> li
     runners: list[TrialRunner] = []
 
     def place(timeout_s: float) -> None:
-        runners.append(TrialRunner(world_size=world, backend=backend, strategy=d.placement,
-                                   cpus_per_rank=plan.cpus_per_rank, node_wait_s=d.node_wait_s,
-                                   placement_timeout_s=timeout_s))  # fmt: skip
+        runner = TrialRunner(
+            world_size=world,
+            backend=backend,
+            strategy=d.placement,
+            cpus_per_rank=plan.cpus_per_rank,
+            node_wait_s=d.node_wait_s,
+            placement_timeout_s=timeout_s,
+            # script mode: one bundle per node, with the ranks torchrun starts there
+            ranks_per_bundle=world // (d.nodes or 1) if d.command else 1,
+        )
+        runners.append(runner)
 
     try:
         place(PLACEMENT_TIMEOUT_S)

@@ -95,6 +95,13 @@ class StudyDefinition:
     world_size: int | None = setting(
         None, Whole(low=1), unset="one per GPU with nccl, 2 with gloo", help="DDP ranks per trial"
     )
+    nodes: int | None = setting(
+        None,
+        Whole(low=1),
+        unset="torchrun's --nnodes, else 1",
+        help="script mode: the nodes one trial's torchrun spans, --nproc-per-node ranks on each "
+        "(autotune starts it on every node with its node rank and a rendezvous on the first)",
+    )
     backend: str = setting(
         "auto",
         Choice(options=BACKENDS),

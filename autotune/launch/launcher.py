@@ -14,9 +14,9 @@ asked whether one of the trial's nodes died (``node_lost``). After any failure (
 One runner serves one thread at a time (the trial's); ``abort`` may be called from another
 (Ctrl-C) to kill the running trial's ranks.
 
-Script mode (``autotune.script.trial``) uses the group differently: ``call_in_group`` runs one
-Ray task in the group's first bundle, on the group's one node (``strict_pack``), and that task
-starts the user's command, which starts its own ranks there.
+Script mode uses the group differently (``autotune.script.nodes``): one bundle per node, holding
+that node's ranks (``ranks_per_bundle``), and one Ray task per bundle (``start_task``), which
+starts the user's command there; the command starts its own ranks.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ class TrialRunner:
     """Runs trials of ``world_size`` ranks, one at a time, in one placement group.
 
     ``reuse=False`` starts fresh rank processes for every trial (the behaviour before the
-    pool; useful to compare overheads).
+    pool; useful to compare overheads). ``ranks_per_bundle``: ranks each bundle holds (script
+    mode: one bundle per node, holding the ranks the user's command starts there).
     """
 
     def __init__(
@@ -83,6 +84,7 @@ class TrialRunner:
         reuse: bool = True,
         placement_timeout_s: float = PLACEMENT_TIMEOUT_S,
         node_wait_s: float = NODE_WAIT_S,
+        ranks_per_bundle: int = 1,
     ) -> None:
         import ray
         from ray.util.placement_group import placement_group
@@ -96,19 +98,30 @@ class TrialRunner:
         self.backend = backend
         self.gpus_per_rank = 1 if backend == "nccl" else 0
         self.cpus_per_rank = cpus_per_rank
-        bundle = {"CPU": cpus_per_rank, **({"GPU": 1} if self.gpus_per_rank else {})}
+        self.ranks_per_bundle = ranks_per_bundle
+        k = ranks_per_bundle
+        self.bundle = {"CPU": cpus_per_rank * k, **({"GPU": k} if self.gpus_per_rank else {})}
+        self.bundles = world_size // k
         self.strategy = strategy.upper()
-        self.pg = placement_group([dict(bundle) for _ in range(world_size)], strategy=self.strategy)
+        self.pg = placement_group(
+            [dict(self.bundle) for _ in range(self.bundles)], strategy=self.strategy
+        )
         try:
             ray.get(self.pg.ready(), timeout=placement_timeout_s)
         except ray.exceptions.GetTimeoutError:
             have = ray.available_resources()
             ray.util.remove_placement_group(self.pg)
+            free = f"free: CPU={have.get('CPU', 0):g}, GPU={have.get('GPU', 0):g}"
+            if k > 1:  # script mode: one bundle per node
+                raise ConfigError(
+                    f"--nodes {self.bundles}: the Ray cluster cannot place {self.bundles} "
+                    f"node(s) of {self.bundle} with {self.strategy.lower()} ({free}); lower "
+                    "torchrun's --nnodes or --nproc-per-node, or add nodes"
+                ) from None
             raise ConfigError(
                 f"--world-size {world_size}: the Ray cluster cannot place {world_size} ranks of "
-                f"{bundle} with --placement {self.strategy.lower()} (free: "
-                f"CPU={have.get('CPU', 0):g}, GPU={have.get('GPU', 0):g}); lower --world-size "
-                f"or --concurrent-trials, choose another --placement, or add nodes"
+                f"{self.bundle} with --placement {self.strategy.lower()} ({free}); lower "
+                f"--world-size or --concurrent-trials, choose another --placement, or add nodes"
             ) from None
         self.pool = RankPool(
             strategy=self._strategy,
@@ -117,7 +130,10 @@ class TrialRunner:
             gpus_per_rank=self.gpus_per_rank,
         )
         self._probe_fn = ray.remote(describe)
-        self._task: Any = None  # the running call_in_group's task
+        self._tasks: list[Any] = []  # the running tasks started by start_task
+        #: Nodes a task found dead before the cluster said so (``ensure_placed`` waits until
+        #: the group is placed elsewhere).
+        self.lost_nodes: set[str] = set()
 
     def _strategy(self, index: int) -> Any:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -133,46 +149,48 @@ class TrialRunner:
 
         self.aborted = True
         self.pool.drop()
-        if (task := self._task) is not None:
+        for task in list(self._tasks):
             # a KeyboardInterrupt in the task: its ``finally`` ends the command's processes
-            # before ``call_in_group`` returns
             ray.cancel(task)
 
-    def call_in_group(self, fn: Callable[..., T], *, wait_s: float, **kwargs: Any) -> T:
-        """``fn(**kwargs)`` as one Ray task in the group's first bundle, and its value. A
-        ``TrialFailed`` it raises is raised here; a task that is cancelled (``abort``), dies (a
-        lost node) or gives no answer ``TASK_GRACE_S`` after ``wait_s`` fails the trial. A
-        cancel raises KeyboardInterrupt in the task, whose ``finally`` blocks run before this
-        returns; a worker killed outright leaves the cleanup to whatever watches its parent
-        (``script.guard``)."""
+    def start_task(
+        self,
+        fn: Callable[..., Any],
+        bundle: int,
+        *,
+        runtime_env: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Start ``fn(**kwargs)`` as one Ray task in ``bundle``, holding the bundle's resources
+        (its CPUs, and its GPUs, which Ray shows the task in ``CUDA_VISIBLE_DEVICES``), with
+        ``runtime_env`` when given; its ref. ``abort`` cancels it until ``task_done``. Pooled
+        rank actors are dropped first: they hold the bundles' CPUs."""
         import ray
-        import ray.exceptions as rex
 
-        self.ensure_placed()
-        self.pool.drop()  # pooled rank actors hold the bundles' CPUs
+        self.pool.drop()
+        options: dict[str, Any] = {"runtime_env": runtime_env} if runtime_env else {}
         remote = ray.remote(fn).options(
-            num_cpus=self.cpus_per_rank, max_retries=0, scheduling_strategy=self._strategy(0)
+            num_cpus=self.bundle["CPU"],
+            num_gpus=self.bundle.get("GPU", 0),
+            max_retries=0,
+            scheduling_strategy=self._strategy(bundle),
+            **options,
         )
-        self._task = task = remote.remote(**kwargs)
-        try:
-            return ray.get(task, timeout=wait_s + TASK_GRACE_S)
-        except rex.GetTimeoutError:
-            ray.cancel(task)
-            if not ray.wait([task], timeout=TASK_GRACE_S)[0]:
-                ray.cancel(task, force=True)  # its worker dies; script_guard ends the rest
-            raise TrialFailed(
-                FailureReason.TIMEOUT, f"no answer after {wait_s + TASK_GRACE_S:.0f}s"
-            ) from None
-        except rex.TaskCancelledError:
-            raise TrialFailed(FailureReason.INTERRUPTED, "stopped by the driver") from None
-        except rex.RayTaskError as e:
-            if isinstance(e.cause, TrialFailed):
-                raise e.cause from None
-            raise classify(0, e) from None
-        except rex.RayError as e:  # the task's worker or node died
-            raise classify(0, e) from None
-        finally:
-            self._task = None
+        task = remote.remote(**kwargs)
+        self._tasks.append(task)
+        return task
+
+    def task_done(self, task: Any) -> None:
+        """``task`` (from ``start_task``) has ended: ``abort`` no longer cancels it."""
+        if task in self._tasks:
+            self._tasks.remove(task)
+
+    def bundle_nodes(self) -> dict[int, str]:
+        """Bundle -> the id of the node it is placed on."""
+        from ray.util import placement_group_table
+
+        placed = placement_group_table(self.pg).get("bundles_to_node_id", {})
+        return {i: placed[i] for i in range(self.bundles) if i in placed}
 
     def probe(self) -> dict[str, Any]:
         """The hardware seen from rank 0's bundle, plus the number of nodes the ranks span."""
@@ -333,28 +351,35 @@ class TrialRunner:
 
     def _bundle_nodes(self) -> dict[int, str]:
         """Rank -> the id of the node its bundle is placed on."""
-        from ray.util import placement_group_table
-
-        placed = placement_group_table(self.pg).get("bundles_to_node_id", {})
-        return {i: placed[i] for i in range(self.world_size) if i in placed}
+        by_bundle = self.bundle_nodes()
+        k = self.ranks_per_bundle
+        return {r: by_bundle[r // k] for r in range(self.world_size) if r // k in by_bundle}
 
     def ensure_placed(self) -> None:
-        """After a node loss Ray re-places the group's bundles; wait for that, or stop."""
+        """After a node loss Ray re-places the group's bundles; wait for that, or stop. A group
+        Ray still reports placed while one of its bundles' nodes is dead (Ray notices a node's
+        death seconds after a task on it failed) is waited for too: a trial started there would
+        wait for ranks that cannot start."""
         import ray
         from ray.util import placement_group_table
 
-        if placement_group_table(self.pg).get("state") == "CREATED":
-            return
-        try:
-            ray.get(self.pg.ready(), timeout=self.node_wait_s)
-        except ray.exceptions.GetTimeoutError:
-            have = ray.available_resources()
-            raise ClusterLost(
-                f"the Ray cluster lost capacity and cannot place {self.world_size} ranks again "
-                f"within --node-wait {format_duration(self.node_wait_s)} (free now: "
-                f"CPU={have.get('CPU', 0):g}, GPU={have.get('GPU', 0):g}); add nodes or lower "
-                f"--world-size, then run the same command to resume"
-            ) from None
+        until = time.monotonic() + self.node_wait_s
+        while True:
+            table = placement_group_table(self.pg)
+            if table.get("state") == "CREATED":
+                alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")} - self.lost_nodes
+                if set(table.get("bundles_to_node_id", {}).values()) <= alive:
+                    return
+            if time.monotonic() >= until:
+                break
+            time.sleep(0.5)
+        have = ray.available_resources()
+        raise ClusterLost(
+            f"the Ray cluster lost capacity and cannot place {self.world_size} ranks again "
+            f"within --node-wait {format_duration(self.node_wait_s)} (free now: "
+            f"CPU={have.get('CPU', 0):g}, GPU={have.get('GPU', 0):g}); add nodes or lower "
+            f"--world-size, then run the same command to resume"
+        )
 
     def close(self) -> None:
         import ray

@@ -115,6 +115,8 @@ class RayMeasurer:
         #: gives the job as it runs today (``as_is``); None: taken as several.
         self.target = target
         self._local = threading.local()  # the runner of the trial this thread runs
+        #: Script mode: where the nodes find the job's files (``script.nodes.check_files``).
+        self.files: Any = None
 
     def as_is_reason(self) -> str | None:
         """Why the user's job as it runs today cannot be measured here; None when it can.
@@ -219,25 +221,22 @@ class RayMeasurer:
             config.check(where=f"trial {number}")
         except ConfigError as e:
             raise TrialFailed(FailureReason.ILLEGAL, str(e)) from None
-        if self.d.command:  # script mode: the user's command, in the placement group
-            from autotune.script.trial import run_script
+        if self.d.command:  # script mode: the user's command, on the placement group's nodes
+            from autotune.script.nodes import run_on_nodes
 
             if limit is not None:
                 raise ValueError("script mode has no limit probe")
-            timeout_s = self.trial_timeout()
-            return self.runner.call_in_group(
-                run_script,
-                wait_s=timeout_s,
-                command=list(self.d.command),
+            if self.files is None:
+                raise ValueError("script mode: the job's files were not checked (check_files)")
+            return run_on_nodes(
+                self.runner,
+                command=self.d.command,
+                files=self.files,
                 config=config,
-                world_size=self.runner.world_size,
-                backend=self.runner.backend,
                 measure=measure or self.d.measure,
-                timeout_s=timeout_s,
+                timeout_s=self.trial_timeout(),
                 incumbent=incumbent,
                 log_dir=None if log_dir is None else str(log_dir),
-                cwd=os.getcwd(),  # the command as the user typed it, where they typed it
-                env=dict(os.environ),
                 max_memory_mb=self.d.max_memory_mb,
             )
         return self.runner.run(

@@ -16,6 +16,7 @@ imported only once the command runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -68,6 +69,9 @@ def _options() -> list[tuple[tuple[str, ...], dict[str, Any]]]:
         (("--timeout",), {"default": "10m", "metavar": "DURATION",
                           "help": "end a run not measured after this (10m)"}),
         (("--log-dir",), {"type": Path, "metavar": "DIR", "help": "keep each run's output here"}),
+        (("--address",), {"metavar": "HOST:PORT|auto",
+                           "help": "the Ray cluster whose nodes a torchrun over several nodes "
+                                   "(--nnodes N) runs on, as for autotune run"}),
         (("-o", "--output"), {"type": Path, "metavar": "FILE",
                               "help": "write the result here (.yaml or .json)"}),
         (("words",), {"nargs": argparse.REMAINDER, "metavar": "A B -- COMMAND",
@@ -108,6 +112,9 @@ class Plan:
     timeout_s: float
     log_dir: Path | None = None
     output: Path | None = None
+    nodes: int = 1
+    address: str | None = None
+    """The Ray cluster the runs go to (``--address``); None: children of this process."""
 
 
 @dataclass
@@ -193,8 +200,9 @@ def _global_batch(given: int | None, profiles: dict[str, Any]) -> int:
     return values.pop()
 
 
-def _world_size(command: list[str], global_batch: int) -> int:
-    """The command's world size, checked as script mode checks its command (``script.job``)."""
+def _job(command: list[str], global_batch: int) -> Any:
+    """The command's ``script.job.ScriptJob`` (world size, nodes), checked as script mode
+    checks its command."""
     from autotune.definition.studydef import StudyDefinition
     from autotune.script.job import script_job
 
@@ -204,7 +212,7 @@ def _world_size(command: list[str], global_batch: int) -> int:
         _, job = script_job(d)
     except ConfigError as e:
         raise _error(str(e).removeprefix("autotune run -- CMD: ")) from None
-    return job.world_size
+    return job
 
 
 def make_plan(args: argparse.Namespace, cwd: Path) -> Plan:
@@ -222,7 +230,13 @@ def make_plan(args: argparse.Namespace, cwd: Path) -> Plan:
     check_command(command[0], who="autotune compare")
     given = {k: p for k, p in profiles.items() if p is not None}
     batch = _global_batch(args.global_batch, given)
-    world = _world_size(command, batch)
+    job = _job(command, batch)
+    world = job.world_size
+    if job.nodes > 1 and args.address is None:
+        raise _error(
+            f"the command spans {job.nodes} nodes (--nnodes): give --address, the Ray cluster "
+            "whose nodes it runs on (HOST:PORT of its head, or auto)"
+        )
     for k, p in given.items():
         ranks = p.workload.get("world_size")
         if ranks not in (None, world):
@@ -241,17 +255,98 @@ def make_plan(args: argparse.Namespace, cwd: Path) -> Plan:
         check_writable(args.log_dir, flag="--log-dir", directory=True)
     measure = StudyDefinition.load(args.study).measure
     timeout = parse_duration(args.timeout, what="--timeout")
-    return Plan((arm_a, arm_b), tuple(command), world, batch, backend, args.rounds, measure,
-                timeout, args.log_dir, args.output)  # fmt: skip
+    return Plan(
+        (arm_a, arm_b),
+        tuple(command),
+        world,
+        batch,
+        backend,
+        args.rounds,
+        measure,
+        timeout,
+        args.log_dir,
+        args.output,
+        nodes=job.nodes,
+        address=args.address,
+    )
 
 
 def measure(plan: Plan, say: Callable[[str], None]) -> list[Run]:
     """Run the plan's rounds in ``core.compare.interleave``'s order, one line each through
     ``say``; stops at the first run that fails (its ``Run`` has the ``failure``)."""
+    if plan.address is not None:
+        with _on_cluster(plan, say) as run_once:
+            return _rounds_of(plan, say, run_once)
+    return _rounds_of(plan, say, _here(plan))
+
+
+def _here(plan: Plan) -> Callable[..., Any]:
+    """One run on this machine, a child of this process (``script.trial.run_script``)."""
+    from autotune.script.trial import run_script
+
+    def run_once(config: Any, log_dir: Path | None, env: dict[str, str] | None) -> Any:
+        return run_script(
+            plan.command,
+            config,
+            world_size=plan.world_size,
+            measure=plan.measure,
+            backend=plan.backend,
+            timeout_s=plan.timeout_s,
+            log_dir=log_dir,
+            env=env,
+        )
+
+    return run_once
+
+
+@contextlib.contextmanager
+def _on_cluster(plan: Plan, say: Callable[[str], None]) -> Any:
+    """One run on the Ray cluster at ``plan.address`` as a script-mode trial runs
+    (``script.nodes.run_on_nodes``: one bundle per node, the same placement and containment);
+    the cluster joined and the placement group made once for every run."""
+    from autotune.launch.cluster import connect, plan_ranks
+    from autotune.launch.launcher import TrialRunner
+    from autotune.script.nodes import check_files, run_on_nodes
+
+    conn = connect(plan.address)
+    runner = None
+    try:
+        placement = "strict_spread" if plan.nodes > 1 else "strict_pack"
+        ranks = plan_ranks(plan.world_size, plan.backend, placement)
+        runner = TrialRunner(
+            world_size=plan.world_size,
+            backend=plan.backend,
+            strategy=placement,
+            cpus_per_rank=ranks.cpus_per_rank,
+            ranks_per_bundle=plan.world_size // plan.nodes,
+        )
+        files = check_files(runner, plan.command, os.getcwd())
+        say(files.describe(plan.nodes))
+
+        def run_once(config: Any, log_dir: Path | None, env: dict[str, str] | None) -> Any:
+            return run_on_nodes(
+                runner,
+                command=plan.command,
+                files=files,
+                config=config,
+                measure=plan.measure,
+                timeout_s=plan.timeout_s,
+                log_dir=None if log_dir is None else str(log_dir),
+                env=env,
+            )
+
+        yield run_once
+    finally:
+        if runner is not None:
+            runner.close()
+        conn.close()
+
+
+def _rounds_of(plan: Plan, say: Callable[[str], None], run_once: Callable[..., Any]) -> list[Run]:
+    """``measure``'s rounds, each run by ``run_once(config, log_dir, env)``."""
     from autotune.core import allocator
     from autotune.core.compare import interleave
     from autotune.core.errors import TrialFailed
-    from autotune.script.trial import run_script
 
     arms = {a.key: a for a in plan.arms}
     order = interleave(KEYS, plan.rounds)
@@ -261,12 +356,9 @@ def measure(plan: Plan, say: Callable[[str], None]) -> list[Run]:
         seen[key] += 1
         arm, run = arms[key], Run(round=seen[key], key=key)
         log_dir = None if plan.log_dir is None else plan.log_dir / f"run-{n}-{key}"
+        env = allocator.without_pin(os.environ) if arm.profile is None else None
         try:
-            result = run_script(
-                plan.command, arm.config, world_size=plan.world_size, measure=plan.measure,
-                backend=plan.backend, timeout_s=plan.timeout_s, log_dir=log_dir,
-                env=allocator.without_pin(os.environ) if arm.profile is None else None,
-            )  # fmt: skip
+            result = run_once(arm.config, log_dir, env)
         except TrialFailed as e:
             run.failure = str(e)
         else:

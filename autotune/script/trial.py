@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -63,7 +64,8 @@ from autotune.launch.results import TrialResult
 from autotune.script import guard as script_guard
 from autotune.script.report import BadReport, Reports
 
-__all__ = ["PROFILE_ENV", "REPORT_ENV", "Reports", "StepStream", "loss_curve", "run_script"]
+__all__ = ["PROFILE_ENV", "REPORT_ENV", "Launch", "Reports", "StepStream", "loss_curve"]
+__all__ += ["measure_run", "peak_of_ranks", "run_script"]
 
 PROFILE_ENV = "AUTOTUNE_PROFILE"
 REPORT_ENV = "AUTOTUNE_REPORT_DIR"
@@ -150,36 +152,118 @@ def run_script(
     env: Mapping[str, str] | None = None,
     max_memory_mb: float | None = None,
 ) -> TrialResult:
-    """Run ``command`` once with ``config`` and measure it (see the module doc); raises
-    ``TrialFailed``. The command's output goes to ``log_dir/script.log`` (a temporary file
-    otherwise). ``env``: the environment the command starts from (this process's by
-    default; the driver's when this runs as a Ray task in the trial's placement group).
-    ``max_memory_mb``: a rank whose reported peak memory goes over it fails the trial
-    (``oom``), as ``--max-memory`` does for a built-in one."""
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="autotune-script-") as tmp:
-        work = Path(tmp)
-        reports = work / "report"
-        reports.mkdir()
-        path = _save_profile(config, world_size, backend, work / "trial.yaml")
-        base = os.environ if env is None else env
-        child_env = {**base, **config.env, PROFILE_ENV: str(path), REPORT_ENV: str(reports)}
-        log = Path(log_dir) / "script.log" if log_dir else work / "script.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        stream = StepStream(measure, config.micro_batch * world_size, incumbent)
-        log.write_bytes(b"")
-        with open(log, "ab") as out:  # O_APPEND: the cap cuts the log in place (core.logfile)
-            proc = _start(command, child_env, cwd, out, work)
+    """Run ``command`` once with ``config`` on this machine and measure it (see the module
+    doc); raises ``TrialFailed``. The command's output goes to ``log_dir/script.log`` (a
+    temporary file otherwise). ``env``: the environment the command starts from (this
+    process's by default). ``max_memory_mb``: a rank whose reported peak memory goes over it
+    fails the trial (``oom``), as ``--max-memory`` does for a built-in one."""
+    log = None if log_dir is None else Path(log_dir) / "script.log"
+    with Launch(command, config, world_size, backend, log, cwd, env) as run:
+        return measure_run(
+            run,
+            config=config,
+            world_size=world_size,
+            measure=measure,
+            timeout_s=timeout_s,
+            incumbent=incumbent,
+            wrap_wait_s=wrap_wait_s,
+            max_memory_mb=max_memory_mb,
+        )
+
+
+def measure_run(
+    run: Launch,
+    *,
+    config: TrialConfig,
+    world_size: int,
+    measure: MeasureSettings,
+    timeout_s: float,
+    incumbent: Interval | None = None,
+    wrap_wait_s: float = WRAP_WAIT_S,
+    max_memory_mb: float | None = None,
+    backend: str = "gloo",
+) -> TrialResult:
+    """Measure the command ``run`` started from its rank 0's reports, then end it (the module
+    doc); raises ``TrialFailed``. ``backend`` is the profile's (``Launch`` used it)."""
+    stream = StepStream(measure, config.micro_batch * world_size, incumbent)
+    try:
+        rank0 = _watch(
+            run.proc,
+            stream,
+            run.reports,
+            run.log,
+            run.started,
+            timeout_s,
+            wrap_wait_s,
+            max_memory_mb,
+        )
+    finally:
+        run.end()
+    peak_mb = peak_of_ranks(run.reports, max_memory_mb, rank0)
+    wall = time.monotonic() - run.started
+    rank = _rank_result(stream, rank0, config, pid=run.proc.pid, wall_s=wall, peak_mb=peak_mb)
+    return TrialResult(ranks=[rank], wall_s=wall)
+
+
+class Launch:
+    """One start of the command on this machine, as a context: the trial's directory (its
+    profile, the ranks' reports, and the log unless ``log`` names one), the command started
+    under the guard with the trial's environment; ``end`` ends it (also on leaving), and the
+    directory is removed on leaving."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        config: TrialConfig,
+        world_size: int,
+        backend: str,
+        log: Path | None,
+        cwd: str | os.PathLike[str] | None,
+        env: Mapping[str, str] | None,
+    ) -> None:
+        self.started = time.monotonic()
+        self._tmp = tempfile.TemporaryDirectory(prefix="autotune-script-")
+        self._ended = False
+        work = Path(self._tmp.name)
+        try:
+            self.reports = work / "report"
+            self.reports.mkdir()
+            path = _save_profile(config, world_size, backend, work / "trial.yaml")
+            base = os.environ if env is None else env
+            ours = {PROFILE_ENV: str(path), REPORT_ENV: str(self.reports)}
+            child_env = {**base, **config.env, **ours}
+            self.log = log or work / "script.log"
+            self.log.parent.mkdir(parents=True, exist_ok=True)
+            self.log.write_bytes(b"")
+            self._out = open(self.log, "ab")  # noqa: SIM115 - O_APPEND: the cap cuts in place
+        except BaseException:
+            self._tmp.cleanup()
+            raise
+        try:
+            self.proc = _start(command, child_env, cwd, self._out, work)
+        except BaseException:
+            self._out.close()
+            self._tmp.cleanup()
+            raise
+
+    def end(self) -> None:
+        """End the command (once) and cap its log."""
+        if not self._ended:
+            self._ended = True
             try:
-                rank0 = _watch(proc, stream, reports, log, started, timeout_s, wrap_wait_s,
-                               max_memory_mb)  # fmt: skip
+                _end(self.proc)
             finally:
-                _end(proc)
-                logfile.cap(log)
-        peak_mb = _peak_of_ranks(reports, rank0, max_memory_mb)
-        wall = time.monotonic() - started
-        rank = _rank_result(stream, rank0, config, pid=proc.pid, wall_s=wall, peak_mb=peak_mb)
-        return TrialResult(ranks=[rank], wall_s=wall)
+                self._out.close()
+                logfile.cap(self.log)
+
+    def __enter__(self) -> Launch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.end()
+        finally:
+            self._tmp.cleanup()
 
 
 def _save_profile(config: TrialConfig, world_size: int, backend: str, path: Path) -> Path:
@@ -262,13 +346,15 @@ def _check_memory(rank: int, peak_mb: float, max_memory_mb: float | None) -> Non
         )
 
 
-def _peak_of_ranks(reports: Path, rank0: Reports, max_memory_mb: float | None) -> float:
-    """The largest peak memory any rank reported (rank 0's read as it ran, the others' files
-    read once now); over ``max_memory_mb`` it fails the trial."""
-    peak = rank0.peak_mb
+def peak_of_ranks(
+    reports: Path, max_memory_mb: float | None, rank0: Reports | None = None
+) -> float:
+    """The largest peak memory any rank on this machine reported (rank 0's read as it ran
+    when given, the others' files read once now); over ``max_memory_mb`` it fails the trial."""
+    peak = 0.0 if rank0 is None else rank0.peak_mb
     for path in sorted(reports.glob("rank-*.steps")):
         rank = path.stem.removeprefix("rank-")
-        if not rank.isdigit() or rank == "0":  # not a rank's report, or rank 0's (read)
+        if not rank.isdigit() or (rank0 is not None and rank == "0"):  # read as it ran
             continue
         other = Reports(path)
         while _read(other):
@@ -322,7 +408,7 @@ def _watch(
         code = proc.poll()
         elapsed = time.monotonic() - started
         if code is not None:
-            said = logfile.last_line(log, ignore=(script_guard.SAYS,))
+            said = error_line(log)
             raise TrialFailed(
                 FailureReason.CRASH,
                 f"the command exited with status {code} before it was measured"
@@ -341,6 +427,31 @@ def _watch(
             )
         logfile.cap(log)
         time.sleep(POLL_S)
+
+
+#: A line of a launcher's failure report, not a rank's own output (torchrun's banner and its
+#: fields, its elastic agent's log lines, its traceback).
+_LAUNCHER_LINE = re.compile(
+    r"^(=+|-+|\[\d+\]:|Failures:|Root Cause|<NO_OTHER_FAILURES>|time\s*:|host\s*:|"
+    r"rank\s*:|exitcode\s*:|error_file\s*:|traceback\s*:|Traceback|File |\^|"
+    r"[EWI]\d{4} .*torch/distributed/elastic)|ChildFailedError|FAILED$|elastic/"
+)
+_ERROR = re.compile(r"error|exception|killed|fault|abort|denied|not found|no such", re.I)
+_RANK_PREFIX = re.compile(r"^\[(default)?rank\d+\]:\s*")
+
+
+def error_line(log: str | os.PathLike[str]) -> str:
+    """What a failed command's log says went wrong: the last line from a rank's own output
+    that names an error, else the last line of it at all (torchrun's failure banner and its
+    agent's lines left out; a ``[rankN]:`` prefix dropped); "" when there is none."""
+    text = logfile.tail(log, logfile.TAIL_READ).decode(errors="replace")
+    own = []
+    for line in text.splitlines():
+        line = _RANK_PREFIX.sub("", line.strip())
+        if line and not line.startswith(script_guard.SAYS) and not _LAUNCHER_LINE.search(line):
+            own.append(line)
+    named = [line for line in own if _ERROR.search(line)]
+    return (named or own or [""])[-1][:300]
 
 
 def _read(reports: Reports) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import sys
 
 import pytest
@@ -14,9 +15,9 @@ from autotune.core.errors import ConfigError
 from autotune.core.numerics import CURVE_STEPS
 from autotune.core.stats import Interval
 from autotune.definition.studydef import StudyDefinition
-from autotune.script.job import script_job
+from autotune.script.job import node_command, script_job
 from autotune.script.report import BadReport
-from autotune.script.trial import Reports, StepStream, loss_curve
+from autotune.script.trial import Reports, StepStream, error_line, loss_curve
 
 M = MeasureSettings(window_s=1.0, min_windows=3, max_windows=6)
 
@@ -128,19 +129,73 @@ def test_the_world_size_comes_from_torchrun_and_script_mode_has_no_limit_probe()
     [
         (["no-such-command-xyz", "train.py"], {"global_batch": 64}, "no such command"),
         ([sys.executable, "train.py"], {}, "--global-batch"),
+        ([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+          "--master-addr=10.0.0.1", "t.py"], {"global_batch": 64}, "--master-addr: on 2 nodes"),
+        ([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--standalone", "t.py"],
+         {"global_batch": 64}, "--standalone: on 2 nodes"),
+        ([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+          "--rdzv-endpoint", "h:1", "t.py"], {"global_batch": 64}, "--rdzv-endpoint: on 2"),
+        ([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:4", "t.py"],
+         {"global_batch": 64}, "--nnodes 1:4: give a fixed number of nodes"),
         ([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "t.py"],
-         {"global_batch": 64}, "one node"),
+         {"global_batch": 64, "nodes": 3}, "--nodes 3 disagrees with the command's --nnodes 2"),
+        ([sys.executable, "t.py"], {"global_batch": 64, "nodes": 2}, "2 nodes need torchrun"),
+        ([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
+          "2", "t.py"], {"global_batch": 64, "world_size": 2}, "disagrees with the command's 2"),
+        ([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "t.py"],
+         {"global_batch": 64, "placement": "pack"}, None),
         ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "t.py"],
          {"global_batch": 64, "world_size": 4}, "disagrees"),
         ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "t.py"],
          {"global_batch": 64}, "not divisible"),
         ([sys.executable, "t.py"], {"global_batch": 64, "concurrent_trials": 2}, "one trial"),
-        ([sys.executable, "t.py"], {"global_batch": 64, "placement": "spread"}, "one node"),
+        ([sys.executable, "t.py"], {"global_batch": 64, "placement": "spread"},
+         "--placement spread: script mode places one bundle per node, strict_pack on 1"),
+        ([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "t.py"],
+         {"global_batch": 64, "placement": "strict_pack"}, "strict_spread on 2 node"),
     ],
 )  # fmt: skip
 def test_script_mode_refuses_what_it_cannot_run_with_the_fix(cmd, settings, says):
+    if says is None:  # the default placement: no error
+        script_job(definition(cmd, **settings))
+        return
     with pytest.raises(ConfigError, match=says):
         script_job(definition(cmd, **settings))
+
+
+@pytest.mark.parametrize(
+    ("cmd", "settings", "nodes", "world"),
+    [
+        (["torchrun", "--nnodes", "2", "--nproc-per-node", "3", "t.py"], {}, 2, 6),
+        (["torchrun", "--nnodes=3:3", "t.py"], {}, 3, 3),
+        (["torchrun", "--nproc_per_node", "2", "t.py"], {"nodes": 2}, 2, 4),
+        (["torchrun", "--nnodes", "2", "t.py", "--nnodes", "7"], {}, 2, 2),  # the script's own
+        ([sys.executable, "-m", "torch.distributed.run", "t.py"], {"nodes": 2, "world_size": 4},
+         2, 4),
+    ],
+)  # fmt: skip
+def test_nodes_and_world_size_come_from_torchrun_or_nodes(cmd, settings, nodes, world):
+    which = shutil.which("torchrun") or sys.executable
+    cmd = [which if w == "torchrun" else w for w in cmd]
+    d, job = script_job(definition(cmd, global_batch=12, **settings))
+    assert (job.nodes, job.world_size, d.nodes, d.world_size) == (nodes, world, nodes, world)
+    assert d.placement == ("strict_spread" if nodes > 1 else "strict_pack")
+
+
+def test_each_node_runs_torchrun_with_its_rank_and_the_first_nodes_rendezvous():
+    cmd = ("/venv/bin/torchrun", "--nproc-per-node", "2", "train.py", "--node-rank", "9")
+    assert node_command(cmd, nodes=1, node_rank=0, addr="a", port=1) == list(cmd)  # as typed
+    assert node_command(cmd, nodes=2, node_rank=1, addr="10.0.0.1", port=29400) == [
+        "/venv/bin/torchrun", "--nnodes=2", "--node-rank=1", "--master-addr=10.0.0.1",
+        "--master-port=29400", "--nproc-per-node", "2", "train.py", "--node-rank", "9",
+    ]  # fmt: skip
+    module = ("python3", "-u", "-m", "torch.distributed.run", "--nnodes", "2", "t.py")
+    assert node_command(module, nodes=2, node_rank=0, addr="h", port=5) == [
+        "python3", "-u", "-m", "torch.distributed.run", "--node-rank=0", "--master-addr=h",
+        "--master-port=5", "--nnodes", "2", "t.py",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="not torchrun"):
+        node_command(("python3", "t.py"), nodes=2, node_rank=0, addr="h", port=5)
 
 
 # --- hostile step reports: each bad line fails the trial in one line naming it -------------
@@ -290,3 +345,51 @@ def test_the_guard_refuses_what_is_not_its_usage_and_starts_nothing(argv, capsys
 
     assert guard.main(argv) == 2
     assert capsys.readouterr().err.strip() == guard.USAGE
+
+
+#: What torchrun prints when its rank exits with an argparse error (torch 2.x): the rank's own
+#: lines, then the elastic agent's log line, its traceback and its failure banner.
+TORCHRUN_FAILURE = """usage: train.py [-h] [--steps STEPS]
+train.py: error: unrecognized arguments: --no-such-flag
+E1127 10:00:00.000000 123 torch/distributed/elastic/multiprocessing/api.py:882] failed (exitcode: 2) local_rank: 0 (pid: 5) of binary: /venv/bin/python
+Traceback (most recent call last):
+  File "/venv/bin/torchrun", line 8, in <module>
+    sys.exit(main())
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-27_10:00:00
+  host      : node-a
+  rank      : 0 (local_rank: 0)
+  exitcode  : 2 (pid: 5)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (TORCHRUN_FAILURE, "train.py: error: unrecognized arguments: --no-such-flag"),
+        (
+            '[rank1]: Traceback (most recent call last):\n[rank1]:   File "t.py", line 3\n'
+            "[rank1]: RuntimeError: Connection closed by peer [10.0.0.1]:1234\n",
+            "RuntimeError: Connection closed by peer [10.0.0.1]:1234",
+        ),
+        ("step 1\nstep 2\n", "step 2"),  # no error named: the last line of its own
+        ("", ""),
+    ],
+)
+def test_a_failed_command_is_named_by_its_ranks_own_error_not_torchruns_banner(
+    tmp_path, text, says
+):
+    log = tmp_path / "script.log"
+    log.write_text(text)
+    assert error_line(log) == says
