@@ -253,7 +253,7 @@ def _search_and_conclude(
         search.run()
         # 6-7. Re-measure the best few against the baseline; keep only what carries the gain.
         run.conclude()
-        if d.limit:
+        if d.limit and not d.command:  # script mode: the first measurement only
             _limit(run.study, d, run.measure, limit_dir, emit, device=target.device)
     except KeyboardInterrupt as e:
         _interrupted(summary, e, emit)

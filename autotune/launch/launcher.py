@@ -159,19 +159,22 @@ class TrialRunner:
         bundle: int,
         *,
         runtime_env: dict[str, Any] | None = None,
+        per_rank: bool = False,
         **kwargs: Any,
     ) -> Any:
         """Start ``fn(**kwargs)`` as one Ray task in ``bundle``, holding the bundle's resources
         (its CPUs, and its GPUs, which Ray shows the task in ``CUDA_VISIBLE_DEVICES``), with
-        ``runtime_env`` when given; its ref. ``abort`` cancels it until ``task_done``. Pooled
-        rank actors are dropped first: they hold the bundles' CPUs."""
+        ``runtime_env`` when given; its ref. ``per_rank``: one rank's share of the bundle
+        instead (its CPUs, one GPU with nccl), for autotune's own ranks beside each other.
+        ``abort`` cancels it until ``task_done``. Pooled rank actors are dropped first: they
+        hold the bundles' CPUs."""
         import ray
 
         self.pool.drop()
         options: dict[str, Any] = {"runtime_env": runtime_env} if runtime_env else {}
         remote = ray.remote(fn).options(
-            num_cpus=self.bundle["CPU"],
-            num_gpus=self.bundle.get("GPU", 0),
+            num_cpus=self.cpus_per_rank if per_rank else self.bundle["CPU"],
+            num_gpus=self.gpus_per_rank if per_rank else self.bundle.get("GPU", 0),
             max_retries=0,
             scheduling_strategy=self._strategy(bundle),
             **options,

@@ -176,8 +176,9 @@ class RayMeasurer:
 
     @property
     def can_probe(self) -> bool:
-        """Whether the limit probe can run: not in script mode (the user's command is opaque)."""
-        return not self.d.command
+        """Whether the limit probe can run: in script mode, as the first measurement only
+        (``script.probe``)."""
+        return True
 
     @property
     def runner(self) -> TrialRunner:
@@ -224,10 +225,20 @@ class RayMeasurer:
         if self.d.command:  # script mode: the user's command, on the placement group's nodes
             from autotune.script.nodes import run_on_nodes
 
-            if limit is not None:
-                raise ValueError("script mode has no limit probe")
             if self.files is None:
                 raise ValueError("script mode: the job's files were not checked (check_files)")
+            if limit is not None:  # the first measurement (limit.probe.probe_one)
+                from autotune.script.probe import first_measurement
+
+                return first_measurement(
+                    self.runner,
+                    command=self.d.command,
+                    files=self.files,
+                    config=config,
+                    measure=measure or self.d.measure,
+                    timeout_s=self.trial_timeout(),
+                    log_dir=None if log_dir is None else str(log_dir),
+                )
             return run_on_nodes(
                 self.runner,
                 command=self.d.command,

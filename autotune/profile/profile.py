@@ -218,7 +218,8 @@ class Profile:
         self.warn_if_hardware_differs()
         tuned = {**self.ddp_kwargs, "compile": self.compile}
         wrapped = apply.wrap(model, tuned, self.comm_hook, **ddp_kwargs)
-        script_report.install(wrapped)  # only in a trial of autotune run ... -- CMD
+        # only in a trial of autotune run ... -- CMD
+        script_report.install(wrapped, hook_free=self.comm_hook.get("name", "none") == "none")
         return wrapped
 
     def report_loss(self, loss: Any) -> None:

@@ -155,9 +155,10 @@ def node_command(
 
 
 def script_job(d: StudyDefinition) -> tuple[StudyDefinition, ScriptJob]:
-    """Check script mode's command and settings; the definition as script mode runs it (no
-    limit probe, one trial at a time, one bundle per node) and the job. Raises
-    ``ConfigError`` naming the fix."""
+    """Check script mode's command and settings; the definition as script mode runs it (one
+    trial at a time, one bundle per node) and the job. Raises ``ConfigError`` naming the
+    fix. ``limit`` stays the user's: in script mode it is the first measurement only
+    (``script.probe``), and no limit probe runs at the end."""
     cmd = d.command
     check_command(cmd[0], who="autotune run")
     if d.global_batch is None:
@@ -202,7 +203,5 @@ def script_job(d: StudyDefinition) -> tuple[StudyDefinition, ScriptJob]:
         )
     script = next((w for w in cmd[1:] if w.endswith(".py")), cmd[0])
     job = ScriptJob(cmd, d.global_batch, world, f"script-{Path(script).stem}", nodes=nodes)
-    definition = replace(
-        d, world_size=world, nodes=nodes, limit=False, concurrent_trials=1, placement=placement
-    )
+    definition = replace(d, world_size=world, nodes=nodes, concurrent_trials=1, placement=placement)
     return definition, job

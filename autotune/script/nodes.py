@@ -65,8 +65,10 @@ from autotune.launch.results import TrialResult
 from autotune.script import guard as script_guard
 from autotune.script import trial as script_trial
 from autotune.script.job import node_command
+from autotune.script.report import PROBE_ENV
 
-__all__ = ["SHIP_LIMIT_BYTES", "Files", "NodeOutcome", "check_files", "run_node", "run_on_nodes"]
+__all__ = ["SHIP_LIMIT_BYTES", "Files", "NodeOutcome", "check_files", "free_port", "run_node"]
+__all__ += ["run_on_nodes"]
 
 #: The most a directory shipped to the nodes by Ray's runtime environment may hold.
 SHIP_LIMIT_BYTES = 100 << 20
@@ -200,7 +202,7 @@ class NodeOutcome:
     log: bytes | None = None
 
 
-def _free_port() -> tuple[str, int]:
+def free_port() -> tuple[str, int]:
     """On the first node: its address and a port free on it now, for torchrun's rendezvous."""
     import ray
 
@@ -312,9 +314,11 @@ def run_on_nodes(
     log_dir: str | None = None,
     max_memory_mb: float | None = None,
     env: Mapping[str, str] | None = None,
+    probe: bool = False,
 ) -> TrialResult:
     """One trial of ``command`` on every bundle's node of ``runner`` (module doc), starting
-    from ``env`` (this process's environment by default); raises ``TrialFailed``."""
+    from ``env`` (this process's environment by default); ``probe``: with the step's phases
+    timed (``script.probe``). Raises ``TrialFailed``."""
     import ray
 
     runner.ensure_placed()
@@ -322,7 +326,7 @@ def run_on_nodes(
     nodes = runner.bundles
     addr, port = "", 0
     if nodes > 1:
-        task = runner.start_task(_free_port, 0)
+        task = runner.start_task(free_port, 0)
         try:
             addr, port = ray.get(task, timeout=TASK_GRACE_S)
         finally:
@@ -330,7 +334,7 @@ def run_on_nodes(
     common: dict[str, Any] = dict(
         log_dir=log_dir,
         driver_node=ray.get_runtime_context().get_node_id(),
-        driver_env=dict(os.environ if env is None else env),
+        driver_env={**(os.environ if env is None else env), **({PROBE_ENV: "1"} if probe else {})},
         cwd=files.cwd if files.shared else None,
         config=config,
         world_size=runner.world_size,

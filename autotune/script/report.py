@@ -11,12 +11,23 @@ written whole and flushed at once, so the driver reads complete lines while the 
 Without the variable (the real job, under ``autotune launch``) nothing is installed and
 ``report_loss`` does nothing.
 
+**The first measurement** (``PROBE_ENV`` set too, for one run of the defaults): ``install`` also
+times where each step goes (``_Probe``): the forward pass (a forward hook), the backward up to
+DDP's last bucket being ready (DDP calls its comm hook for each bucket as its gradients are
+ready; the probe registers torch's own ``allreduce_hook`` wrapped to note the time and bytes),
+the all-reduce that is still running after that (the exposed communication: until the last
+bucket's future completes), and the optimizer (torch's global optimizer step hooks). At the
+next forward pass it writes the step's ``f`` forward, ``b`` backward, ``x`` exposed, ``o``
+optimizer seconds, ``g`` gradient bytes, ``k`` buckets and ``z`` the last bucket's bytes. A
+model wrapped with a comm hook of its own is timed without the all-reduce lines.
+
 The driver reads the files back with ``Reports``. A report is the script's output, so each
 line is checked as it is read, and the first that is not what ``install`` and
 ``report_loss`` write raises ``BadReport`` (the trial fails, naming the file, the line and
 what was wrong):
 
-* a line is ``t``, ``l`` or ``m``, one space and a number, at most ``LINE_BYTES`` bytes;
+* a line is ``t``, ``l``, ``m`` or a probe's kind (``PROBE_KINDS``), one space and a number,
+  at most ``LINE_BYTES`` bytes; a probe's number is finite and in ``[0, MAX_PROBE]``;
 * a time stamp is finite, in ``[0, MAX_STAMP)`` seconds (``time.perf_counter``), and at least
   ``MIN_STEP_S`` after the one before (a forward pass takes longer), so that step times and
   windows are positive and samples per second finite;
@@ -36,10 +47,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["MEMORY_EVERY", "BadReport", "Reports", "install", "report_loss"]
+__all__ = ["MEMORY_EVERY", "PROBE_ENV", "BadReport", "Reports", "install", "report_loss"]
 
 #: Forward passes between two peak-memory lines (one ``getrusage`` or CUDA query each).
 MEMORY_EVERY = 8
+#: Set (to 1) for the run of the first measurement: ``install`` times each step's phases.
+PROBE_ENV = "AUTOTUNE_PROBE"
+#: The probe's line kinds: seconds of forward, backward, exposed all-reduce, optimizer; the
+#: step's gradient bytes, its buckets, the last bucket's bytes.
+PROBE_KINDS = ("f", "b", "x", "o", "g", "k", "z")
 
 _OUT: dict[str, TextIO] = {}
 
@@ -60,16 +76,20 @@ def _file() -> TextIO | None:
     return _OUT[where]
 
 
-def install(model: Any) -> bool:
-    """Time each forward pass of ``model`` for the driver; True when installed."""
+def install(model: Any, *, hook_free: bool = True) -> bool:
+    """Time each forward pass of ``model`` for the driver; True when installed. With
+    ``PROBE_ENV`` set, each step's phases too (the module doc); ``hook_free``: the model has
+    no comm hook of its own, so the probe may time the all-reduce with one."""
     out = _file()
     if out is None:
         return False
-
+    probe = _Probe(out, model, hook_free) if os.environ.get(PROBE_ENV) else None
     count = 0
 
     def stamp(module: Any, args: Any) -> None:  # on the script's hot path: one write
         nonlocal count
+        if probe is not None:
+            probe.step_begins()
         out.write(f"t {time.perf_counter()!r}\n")
         if count % MEMORY_EVERY == 0:
             out.write(f"m {_peak_mb(args):.1f}\n")
@@ -77,6 +97,72 @@ def install(model: Any) -> bool:
 
     model.register_forward_pre_hook(stamp)
     return True
+
+
+class _Probe:
+    """One rank's step phases for the first measurement (the module doc). The comm hook's
+    future completes on another thread: it only notes a time; every line is written on the
+    script's own thread, at the next forward pass."""
+
+    def __init__(self, out: TextIO, model: Any, hook_free: bool) -> None:
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
+
+        self.out = out
+        self.t: dict[str, float] = {}
+        self.optimizer_s = 0.0
+        self.grad_bytes = self.buckets = self.last_bytes = 0
+        model.register_forward_hook(self._forward_ends)
+        register_optimizer_step_pre_hook(self._optimizer_begins)
+        register_optimizer_step_post_hook(self._optimizer_ends)
+        self.timed_comm = hook_free and hasattr(model, "register_comm_hook")
+        if self.timed_comm:
+            model.register_comm_hook(None, self._allreduce)
+
+    def _forward_ends(self, module: Any, args: Any, output: Any) -> None:
+        self.t["forward_end"] = time.perf_counter()
+
+    def _optimizer_begins(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.t["optimizer"] = time.perf_counter()
+
+    def _optimizer_ends(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if "optimizer" in self.t:
+            self.optimizer_s += time.perf_counter() - self.t.pop("optimizer")
+
+    def _allreduce(self, state: Any, bucket: Any) -> Any:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        buffer = bucket.buffer()
+        nbytes = buffer.numel() * buffer.element_size()
+        self.grad_bytes += nbytes
+        self.buckets += 1
+        fut = default_hooks.allreduce_hook(state, bucket)
+        if not bucket.is_last():
+            return fut
+        self.t["last_ready"] = time.perf_counter()
+        self.last_bytes = nbytes
+
+        def done(f: Any) -> Any:
+            self.t["comm_done"] = time.perf_counter()
+            return f.value()
+
+        return fut.then(done)
+
+    def step_begins(self) -> None:
+        """A forward pass begins: write the step before it, where it was timed whole."""
+        t, out = self.t, self.out
+        if "start" in t and "forward_end" in t:
+            out.write(f"f {t['forward_end'] - t['start']!r}\n")
+            if self.timed_comm and "last_ready" in t and "comm_done" in t:
+                out.write(f"b {max(t['last_ready'] - t['forward_end'], 0.0)!r}\n")
+                out.write(f"x {max(t['comm_done'] - t['last_ready'], 0.0)!r}\n")
+                out.write(f"g {self.grad_bytes}\nk {self.buckets}\nz {self.last_bytes}\n")
+            out.write(f"o {self.optimizer_s!r}\n")
+        self.t = {"start": time.perf_counter()}
+        self.optimizer_s = 0.0
+        self.grad_bytes = self.buckets = 0
 
 
 def _peak_mb(args: Any) -> float:
@@ -105,6 +191,8 @@ MAX_STAMP = 1e12
 MAX_MB = 1e9
 MAX_LINES = 4_000_000
 READ_BYTES = 1 << 20
+#: The largest probe figure taken (seconds or bytes).
+MAX_PROBE = 1e15
 
 
 class BadReport(ValueError):
@@ -121,6 +209,8 @@ class Reports:
     stamps: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     peak_mb: float = 0.0
+    probe: dict[str, list[float]] = field(default_factory=dict)
+    """The first measurement's lines, by kind (``PROBE_KINDS``)."""
     _offset: int = 0
     _lines: int = 0
 
@@ -158,10 +248,15 @@ class Reports:
             x = float(value)
         except ValueError:
             x = None
-        if x is None or kind not in (b"t", b"l", b"m"):
-            raise self._bad(f"{line[:LINE_BYTES].decode(errors='replace')!r} is not "
-                            "'t|l|m NUMBER'")  # fmt: skip
-        if kind == b"l":
+        known = kind in (b"t", b"l", b"m") or kind.decode(errors="replace") in PROBE_KINDS
+        if x is None or not known:
+            text = line[:LINE_BYTES].decode(errors="replace")
+            raise self._bad(f"{text!r} is not 't|l|m NUMBER' (or a probe's line)")
+        if kind.decode() in PROBE_KINDS:
+            if not 0 <= x <= MAX_PROBE:  # NaN fails this too
+                raise self._bad(f"probe figure {x!r} is not a number in [0, {MAX_PROBE:g}]")
+            self.probe.setdefault(kind.decode(), []).append(x)
+        elif kind == b"l":
             self.losses.append(x)
         elif kind == b"m":
             if not 0 <= x <= MAX_MB:

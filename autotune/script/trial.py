@@ -202,7 +202,15 @@ def measure_run(
     peak_mb = peak_of_ranks(run.reports, max_memory_mb, rank0)
     wall = time.monotonic() - run.started
     rank = _rank_result(stream, rank0, config, pid=run.proc.pid, wall_s=wall, peak_mb=peak_mb)
+    if rank0.probe:  # the first measurement's run (``script.probe``)
+        rank.limit = {"phases": phases(rank0.probe, rank.steps)}
     return TrialResult(ranks=[rank], wall_s=wall)
+
+
+def phases(probe: Mapping[str, Sequence[float]], steps: int) -> dict[str, float]:
+    """The median of each of a probe's figures over its last ``steps`` steps (the measured
+    ones; ``script.report``'s kinds: ``f`` forward seconds, ...)."""
+    return {k: statistics.median(v[-max(steps, 1) :]) for k, v in probe.items() if v}
 
 
 class Launch:

@@ -115,8 +115,9 @@ class Budget:
         # rerun_windows of its windows): re-validation runs are that short.
         self._rerun_walls: list[float] = []
         #: Runs kept for the limit probes at the end (``autotune.limit.probe``): two, each about
-        #: as long as a re-validation run, when the study measures the limit.
-        self.limit_runs = LIMIT_RUNS if definition.limit else 0
+        #: as long as a re-validation run, when the study measures the limit (not in script
+        #: mode, which measures only its first measurement).
+        self.limit_runs = LIMIT_RUNS if definition.limit and not definition.command else 0
         #: Arms of the comparison with the user's job as it runs today (``search.validation``:
         #: that job, the defaults and the winner, each run in new processes); 0 where the
         #: measurer cannot run that job (set by ``tuner.run``; the replay keeps 0).

@@ -1,10 +1,11 @@
 """The first measurement: the limit probe of the defaults, taken once right after the baseline
-trial (or read back from a resumed or shared study), and the screening order it gives.
+trial (or read back from a resumed or shared study), and the screening order it gives. In
+script mode the probe is the script's own steps, timed, and the link's fit (``script.probe``).
 
 ``first_measurement`` runs on a search thread before any other trial. It says in one line what
 bounds the step (``limit.evidence.Evidence.describe``), the order the screening will take with each
 prior's expected gain, and each prior skipped with its figure; or, where there is no probe
-(``--no-limit``, script mode, a failed probe), that the priors go in their listed order. The
+(``--no-limit``, a failed probe), that the priors go in their listed order. The
 record is the study's ``first_measurement`` attribute (``record.attrs.FirstMeasurement``): the
 evidence (checked when read back) and the probe's own record, which the probe at the end of
 the run reuses.
@@ -111,8 +112,8 @@ def _probe_defaults(
         emit(Note("No first measurement (--no-limit): screening in the priors' listed order"))
         return None
     if not getattr(measure, "can_probe", True):
-        emit(Note("No first measurement (script mode has no limit probe): screening in the "
-                  "priors' listed order"))  # fmt: skip
+        emit(Note("No first measurement (this measurer has none): screening in the priors' "
+                  "listed order"))  # fmt: skip
         return None
     base = baseline_trial(study)
     if base is None or base.state != TrialState.COMPLETE or budget.left_s() <= 0:

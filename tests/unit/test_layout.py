@@ -1,11 +1,13 @@
 """The package's structure rules (docs/architecture.md), read from the code: the layering of
 the subpackages (a rank imports only the core; the core imports nothing else), no import
-circle between modules, no private name imported from another module, no module over 400
-lines, no function over 60, no display code in the tuning loop."""
+circle between modules, no private name imported from another module, no module over 800
+lines (one over 400 is named in a warning), no function over 120 (over 60 named), no display code in the tuning
+loop."""
 
 from __future__ import annotations
 
 import ast
+import warnings
 from pathlib import Path
 
 import autotune
@@ -98,9 +100,17 @@ def test_no_private_name_is_imported_from_another_module():
     assert bad == []
 
 
-def test_no_module_is_over_400_lines():
+#: Size is a smell, not a rule: a module over ``MODULE_WARN`` lines is named in a warning (is it
+#: still one idea?); only one over ``MODULE_CEILING`` fails.
+MODULE_WARN, MODULE_CEILING = 400, 800
+
+
+def test_no_module_is_over_the_ceiling_and_long_ones_are_named():
     long = {n: len(p.read_text().splitlines()) for n, p in MODULES.items()}
-    assert {n: k for n, k in long.items() if k > 400} == {}
+    for n, k in sorted(long.items()):
+        if k > MODULE_WARN:
+            warnings.warn(f"{n} has {k} lines: is it still one idea?", stacklevel=1)
+    assert {n: k for n, k in long.items() if k > MODULE_CEILING} == {}
 
 
 def test_the_tuning_loop_prints_nothing_and_imports_no_display():
@@ -125,14 +135,21 @@ def test_only_the_record_package_reads_or_writes_study_attributes():
     assert touching == []
 
 
-def test_no_function_is_over_60_lines_and_nothing_silences_the_type_checker():
+#: As for modules: a function over ``FUNCTION_WARN`` lines is named, one over
+#: ``FUNCTION_CEILING`` fails.
+FUNCTION_WARN, FUNCTION_CEILING = 60, 120
+
+
+def test_no_function_is_over_the_ceiling_and_nothing_silences_the_type_checker():
     long, ignored = [], []
     for name, path in MODULES.items():
         text = path.read_text()
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = (node.end_lineno or node.lineno) - node.lineno + 1
-                if n > 60:
+                if n > FUNCTION_WARN:
+                    warnings.warn(f"{name}.{node.name} has {n} lines", stacklevel=1)
+                if n > FUNCTION_CEILING:
                     long.append(f"{name}.{node.name}: {n}")
         ignored += [
             f"{name}:{i}" for i, ln in enumerate(text.splitlines(), 1) if "type: ignore" in ln

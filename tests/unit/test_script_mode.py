@@ -120,7 +120,7 @@ def test_the_world_size_comes_from_torchrun_and_script_mode_has_no_limit_probe()
         )  # fmt: skip
     )
     assert (job.world_size, job.global_batch, job.name) == (4, 128, "script-train")
-    assert d.world_size == 4 and d.limit is False and d.concurrent_trials == 1
+    assert d.world_size == 4 and d.limit is True and d.concurrent_trials == 1  # the user's
     assert d.placement == "strict_pack"  # the command runs on the placement group's one node
 
 
