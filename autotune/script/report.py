@@ -118,8 +118,8 @@ class _Probe:
         register_optimizer_step_pre_hook(self._optimizer_begins)
         register_optimizer_step_post_hook(self._optimizer_ends)
         self.timed_comm = hook_free and hasattr(model, "register_comm_hook")
-        if self.timed_comm:
-            model.register_comm_hook(None, self._allreduce)
+        if self.timed_comm:  # a lambda: DDP refuses a hook whose annotations are not its types
+            model.register_comm_hook(None, lambda state, bucket: self._allreduce(state, bucket))
 
     def _forward_ends(self, module: Any, args: Any, output: Any) -> None:
         self.t["forward_end"] = time.perf_counter()
