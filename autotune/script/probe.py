@@ -4,7 +4,7 @@ screened" lines and the advice come from the same model (``autotune.limit.eviden
 
 Right after the baseline trial, ``first_measurement`` runs the defaults once more with
 ``script.report.PROBE_ENV`` set, on the same nodes and measured the same way
-(``script.nodes.run_on_nodes``): ``Profile.wrap`` then times each step's forward pass, its
+(``script.nodes.run_on_nodes``) but for the fewest windows: ``Profile.wrap`` then times each step's forward pass, its
 backward up to DDP's last bucket, the all-reduce still running after that (exposed), and the
 optimizer, and counts the gradient bytes and buckets DDP itself made (``script.report``).
 Then autotune's own ranks, one per rank of the script in the same bundles, all-reduce a few
@@ -25,6 +25,7 @@ the priors' listed order (``search.first_look``).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from autotune.core.config import MeasureSettings, TrialConfig
@@ -57,12 +58,13 @@ def first_measurement(
 ) -> TrialResult:
     """The defaults' run with its step timed, and the link fitted (module doc): the result of
     the run, its rank's ``limit`` the record. Raises ``TrialFailed``."""
+    short = replace(measure, max_windows=measure.min_windows)  # medians of a few steps
     result = run_on_nodes(
         runner,
         command=command,
         files=files,
         config=config,
-        measure=measure,
+        measure=short,
         timeout_s=timeout_s,
         log_dir=log_dir,
         probe=True,
