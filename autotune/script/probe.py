@@ -4,9 +4,10 @@ screened" lines and the advice come from the same model (``autotune.limit.eviden
 
 Right after the baseline trial, ``first_measurement`` runs the defaults once more with
 ``script.report.PROBE_ENV`` set, on the same nodes and measured the same way
-(``script.nodes.run_on_nodes``) but for the fewest windows: ``Profile.wrap`` then times each step's forward pass, its
-backward up to DDP's last bucket, the all-reduce still running after that (exposed), and the
-optimizer, and counts the gradient bytes and buckets DDP itself made (``script.report``).
+(``script.nodes.run_on_nodes``) but for the fewest windows: ``Profile.wrap`` then times each
+step's forward pass, its backward up to DDP's last bucket, the all-reduce still running after
+that (exposed), and the optimizer, and counts the gradient bytes and buckets DDP itself made
+(``script.report``).
 Then autotune's own ranks, one per rank of the script in the same bundles, all-reduce a few
 message sizes (``autotune.rank.link.sweep``) for the link's alpha-beta fit. The record:
 
