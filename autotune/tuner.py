@@ -183,18 +183,20 @@ def _connect(req: RunRequest) -> tuple[RayConnection, Callable[[], None]]:
     """Ray (started or joined) and how to close it. For the CLI on a thread of its own, SIGTERM
     and Ctrl-C held until it is up (``Kept``): ray.init's own handler exited from inside the core
     worker's constructor, leaving a core worker ray.shutdown does not know (SIGSEGV at exit)."""
-    cwd = os.getcwd()
+    # the directory is on the ranks' path only for a trainer module of the user's, and last
+    d = req.definition
+    cwd = os.getcwd() if ":" in d.trainer and not d.command else None
     if not req.sigterm:
-        conn = connect(req.address, extra_pythonpath=cwd)
+        conn = connect(req.address, trainer_dir=cwd)
         return conn, conn.close
     kept = Kept(lambda: _connect_quietly(req.address, cwd), RayConnection.close, "ray")
     return kept.value, kept.close
 
 
-def _connect_quietly(address: str | None, cwd: str) -> RayConnection:
+def _connect_quietly(address: str | None, cwd: str | None) -> RayConnection:
     """``connect``, without Ray's warning that off the main thread it set no SIGTERM handler."""
     with ray_off_main_thread_quiet():
-        return connect(address, extra_pythonpath=cwd)
+        return connect(address, trainer_dir=cwd)
 
 
 def _hold_sigterm(req: RunRequest) -> None:

@@ -89,7 +89,7 @@ def main() -> None:
     exact = replace(
         d.measure, min_windows=a.windows, max_windows=a.windows, target_rel_half_width=1e-9
     )
-    conn = connect(a.address, extra_pythonpath=os.getcwd())
+    conn = connect(a.address, trainer_dir=os.getcwd())
     started = time.monotonic()
     out: dict[str, Any] = {"study": d.name, "trainer": d.trainer, "windows": a.windows}
     path = Path(a.out)

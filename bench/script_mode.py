@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     command = (torchrun, "--nproc-per-node", "2", str(SCRIPT))
     raw: dict[str, Any] = {"args": vars(a), "runs": []}
     started = time.monotonic()
-    conn = connect(None, extra_pythonpath=os.getcwd())
+    conn = connect(None, trainer_dir=os.getcwd())
     try:
         raw["runs"].append(tuning_run(d, out, "builtin", None))
         raw["runs"].append(

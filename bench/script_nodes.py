@@ -39,13 +39,28 @@ TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
 def command(nodes: int) -> list[str]:
-    return [TORCHRUN, "--nnodes", str(nodes), "--nproc-per-node", "1", "bench/mlp_script.py",
-            "--width", "1536", "--layers", "6"]  # fmt: skip
+    return [
+        TORCHRUN,
+        "--nnodes",
+        str(nodes),
+        "--nproc-per-node",
+        "1",
+        "bench/mlp_script.py",
+        "--width",
+        "1536",
+        "--layers",
+        "6",
+    ]
 
 
 def lab_exec(*args: str, log: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    p = subprocess.run([AUTOTUNE, "lab", "exec", "--", AUTOTUNE, *args], cwd=REPO, env=env,
-                       capture_output=True, text=True)  # fmt: skip
+    p = subprocess.run(
+        [AUTOTUNE, "lab", "exec", "--", AUTOTUNE, *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     log.write_text(p.stdout + p.stderr)
     if p.returncode != 0:
         raise SystemExit(f"autotune {args[0]} failed (exit {p.returncode}); see {log}")
@@ -63,8 +78,19 @@ def main() -> None:
     home = args.out / "home"
     env = {**__import__("os").environ, "AUTOTUNE_HOME": str(home)}
     batch = 64 * args.nodes
-    run = lab_exec("run", "--address", "auto", "--budget", args.budget, "--global-batch",
-                   str(batch), "--", *command(args.nodes), log=args.out / "run.log", env=env)  # fmt: skip
+    run = lab_exec(
+        "run",
+        "--address",
+        "auto",
+        "--budget",
+        args.budget,
+        "--global-batch",
+        str(batch),
+        "--",
+        *command(args.nodes),
+        log=args.out / "run.log",
+        env=env,
+    )
     lines = run.stdout.splitlines()
     name = f"default-script-mlp_script-gloo-{args.nodes}r"
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{home / 'autotune.db'}")
@@ -74,12 +100,34 @@ def main() -> None:
     singles = [t for t in screened if t.values and "," not in t.user_attrs["screen"]]
     lever = max(singles, key=lambda t: t.values[0])
     lever_yaml = args.out / "lever.yaml"
-    subprocess.run([AUTOTUNE, "export", "--run-dir", str(home), "--trial", str(lever.number),
-                    "-o", str(lever_yaml)], check=True, env=env)  # fmt: skip
+    subprocess.run(
+        [
+            AUTOTUNE,
+            "export",
+            "--run-dir",
+            str(home),
+            "--trial",
+            str(lever.number),
+            "-o",
+            str(lever_yaml),
+        ],
+        check=True,
+        env=env,
+    )
     best_yaml = home / "profiles" / f"{name}.yaml"
-    cmp = lab_exec("compare", "--address", "auto", "--rounds", str(args.rounds),
-                   str(lever_yaml), str(best_yaml), "--", *command(args.nodes),
-                   log=args.out / "compare.log", env=env)  # fmt: skip
+    cmp = lab_exec(
+        "compare",
+        "--address",
+        "auto",
+        "--rounds",
+        str(args.rounds),
+        str(lever_yaml),
+        str(best_yaml),
+        "--",
+        *command(args.nodes),
+        log=args.out / "compare.log",
+        env=env,
+    )
     ratio = next(ln for ln in cmp.stdout.splitlines() if ln.startswith("B/A"))
     from autotune.record.trial import measured
 
@@ -90,14 +138,17 @@ def main() -> None:
         "screening_order": next((ln for ln in lines if ln.startswith("Screening order")), None),
         "first_screening_trial": screened[0].user_attrs["screen"] if screened else None,
         "baseline_samples_per_s": base,
-        "lever": {"trial": lever.number, "changes": lever.user_attrs["screen"],
-                  "samples_per_s": lever.values[0]},
+        "lever": {
+            "trial": lever.number,
+            "changes": lever.user_attrs["screen"],
+            "samples_per_s": lever.values[0],
+        },
         "exported": next((ln for ln in lines if ln.startswith("Exported")), None),
         "stopped": next((ln for ln in lines if ln.startswith("Stopped")), None),
         "best_over_lever": ratio,
         "median_overhead_s": statistics.median(before) if before else None,
         "trials": len(study.trials),
-    }  # fmt: skip
+    }
     (args.out / "result.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
     print(f"written under {args.out}")

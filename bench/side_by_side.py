@@ -298,7 +298,7 @@ def collect(a: argparse.Namespace, out: Path) -> dict[str, Any]:
     def save() -> None:
         (out / "raw.json").write_text(json.dumps(raw, indent=1, default=str))
 
-    conn = connect(a.address, extra_pythonpath=os.getcwd())
+    conn = connect(a.address, trainer_dir=os.getcwd())
     try:
         # this tuner as shipped (its sampler and designed start); random search without them
         wanted = set(a.contenders.split(","))

@@ -47,6 +47,7 @@ from autotune.core.compat import loopback_node_ip, reread_ray_config
 from autotune.core.errors import ConfigError, Terminated
 from autotune.launch import address as addr
 from autotune.launch.reaper import OWNER_ENV, Reaper
+from autotune.rank.workload import TRAINER_DIR_ENV
 
 __all__ = ["RankPlan", "RayConnection", "connect", "plan_ranks", "rank_plan"]
 
@@ -149,11 +150,13 @@ class RayConnection:
             ray.shutdown()
 
 
-def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayConnection:
+def connect(address: str | None, *, trainer_dir: str | None = None) -> RayConnection:
     """Start a local Ray instance, or join the cluster at ``address`` (``auto``, HOST:PORT).
 
-    A local instance is given ``extra_pythonpath`` so that workers import the user's trainer
-    module from the directory the command was run in.
+    A local instance is given ``trainer_dir`` (``TRAINER_DIR_ENV``), the directory of a
+    ``--trainer module:function`` of the user's: its ranks append it to ``sys.path`` when they
+    import the trainer (``rank.workload``), last, and nothing else of it is on their path (a
+    file there named as a module of Python's or a ``sitecustomize.py`` is never imported).
     """
     import ray
 
@@ -165,7 +168,7 @@ def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayC
     # local instance) is joined with this node's IP as 127.0.0.1 too: Ray looks for the node's
     # raylet at the driver's node IP.
     loopback = address is None or addr.is_loopback(addr.check_reachable(address, from_env))
-    kwargs = _init_kwargs(address, extra_pythonpath)
+    kwargs = _init_kwargs(address, trainer_dir)
     if address == "auto":
         addr.auth_as_ray_would()
     owner = f"{os.getpid()}-{uuid.uuid4().hex}" if address is None else None
@@ -186,14 +189,12 @@ def connect(address: str | None, *, extra_pythonpath: str | None = None) -> RayC
     )  # fmt: skip
 
 
-def _init_kwargs(address: str | None, extra_pythonpath: str | None) -> dict[str, Any]:
+def _init_kwargs(address: str | None, trainer_dir: str | None) -> dict[str, Any]:
     """``ray.init``'s arguments: quiet, and for a local instance no dashboard and the
-    ``extra_pythonpath`` in its workers' ``PYTHONPATH``."""
+    ``trainer_dir`` in its workers' environment (``TRAINER_DIR_ENV``)."""
     env_vars: dict[str, str] = {}
-    if address is None and extra_pythonpath:
-        env_vars["PYTHONPATH"] = os.pathsep.join(
-            p for p in (extra_pythonpath, os.environ.get("PYTHONPATH", "")) if p
-        )
+    if address is None and trainer_dir:
+        env_vars[TRAINER_DIR_ENV] = trainer_dir
     kwargs: dict[str, Any] = dict(
         logging_level=logging.WARNING,
         log_to_driver=False,

@@ -53,6 +53,10 @@ class Workload:
 BUILTIN_PACKAGE = "autotune.trainers"
 
 
+#: The directory of a user's trainer module, for the ranks (``_with_cwd_on_path``).
+TRAINER_DIR_ENV = "AUTOTUNE_TRAINER_DIR"
+
+
 def available_trainers() -> dict[str, str]:
     """Built-in trainer name -> first line of its module docstring."""
     pkg = importlib.import_module(BUILTIN_PACKAGE)
@@ -65,16 +69,17 @@ def available_trainers() -> dict[str, str]:
 
 
 def _with_cwd_on_path() -> None:
-    """Make modules in the current directory importable, as ``python -m`` and ``torchrun
-    train.py`` do: the installed ``autotune`` command does not put it on ``sys.path``. It goes
-    last, so a file there never shadows an installed package; the ranks get the same directory
-    through ``PYTHONPATH`` (``cluster.connect``)."""
+    """Make the user's trainer module importable from the directory ``autotune run`` was typed
+    in, as ``python -m`` and ``torchrun train.py`` do: the installed ``autotune`` command does
+    not put it on ``sys.path``. It goes last, so a file there never shadows an installed
+    package; the ranks get the same directory in ``TRAINER_DIR_ENV`` (``cluster.connect``),
+    never on ``PYTHONPATH``, which would put it before site-packages at their start."""
     import os
     import sys
 
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.append(cwd)
+    where = os.environ.get(TRAINER_DIR_ENV) or os.getcwd()
+    if where not in sys.path and "" not in sys.path:
+        sys.path.append(where)
 
 
 def resolve_trainer(ref: str) -> Callable[..., Workload]:

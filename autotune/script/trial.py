@@ -68,6 +68,12 @@ __all__ = ["PROFILE_ENV", "REPORT_ENV", "Launch", "Reports", "StepStream", "loss
 __all__ += ["measure_run", "peak_of_ranks", "run_script"]
 
 PROFILE_ENV = "AUTOTUNE_PROFILE"
+#: How the guard starts: its path without the directory it runs in (``python -m`` and ``-c``
+#: put that first, where a planted ``ctypes.py`` would be imported by the guard itself).
+GUARD_BOOT = (
+    "import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+    "from autotune.script.guard import main; sys.exit(main(sys.argv[1:]))"
+)
 REPORT_ENV = "AUTOTUNE_REPORT_DIR"
 #: How long a script may run before its first reported step (imports, data, process group).
 WRAP_WAIT_S = 120.0
@@ -302,8 +308,7 @@ def _start(
     """Start ``command`` under the guard (``autotune.script.guard``, watching this process), in
     a session of its own, its output to ``out``; the guard removes the trial's directory
     ``work`` if this process goes away first (``kill -9``)."""
-    guarded = [sys.executable, "-m", "autotune.script.guard", str(os.getpid()),
-               "--remove", str(work), "--"]  # fmt: skip
+    guarded = [sys.executable, "-c", GUARD_BOOT, str(os.getpid()), "--remove", str(work), "--"]
     return subprocess.Popen(  # noqa: S603 - the user's own command, as they typed it
         [*guarded, *command], env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL, start_new_session=True,

@@ -11,6 +11,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 from pathlib import Path
 
 import optuna
@@ -43,9 +44,27 @@ if WHY_NOT:
     pytestmark.append(pytest.mark.skip(reason=WHY_NOT))
 
 
+#: H-L01: ``autotune lab`` runs as on a machine where Ray never ran: an empty home (no
+#: ``~/.ray/auth_token``) and none of the Ray variables this test process may carry (a test
+#: that started Ray in process has ``RAY_AUTH_TOKEN``; a user's fresh shell has none).
+FRESH_HOME = tempfile.mkdtemp(prefix="autotune-fresh-home-")
+
+
+def fresh_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["HOME"] = FRESH_HOME
+    return env
+
+
 def lab(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(autotune_cmd("lab", *args), capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+    assert not os.listdir(FRESH_HOME) or not (Path(FRESH_HOME) / ".ray").exists()
+    return subprocess.run(
+        autotune_cmd("lab", *args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=fresh_env(),
+    )
 
 
 def sent_bytes(ns: str) -> int:

@@ -117,8 +117,12 @@ def test_a_torchrun_script_spans_both_nodes_and_compare_runs_it_there(lab2, job,
     before = sent_bytes("atlab-1")
     p = subprocess.run(
         run_cmd("--study", "quick", "--n-trials", "2", "--validate-top", "0", "--budget", "3m"),
-        env=run_env, cwd=job, capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
+        env=run_env,
+        cwd=job,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     assert f"Script mode on 2 node(s): every node sees the same files in {job}" in p.stdout
     home = Path(run_env["AUTOTUNE_HOME"])
@@ -140,10 +144,30 @@ def test_a_torchrun_script_spans_both_nodes_and_compare_runs_it_there(lab2, job,
     profile = home / "profiles" / f"{name}.yaml"
     command = torchrun("--nnodes", "2", "--nproc-per-node", "1", "train.py", f"--{MARKER}")
     c = subprocess.run(
-        autotune_cmd("lab", "exec", "--", *autotune_cmd("compare", "--address", "auto",
-                     "--rounds", "2", "--study", "quick", "asis", str(profile), "--", *command)),
-        env=run_env, cwd=job, capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
+        autotune_cmd(
+            "lab",
+            "exec",
+            "--",
+            *autotune_cmd(
+                "compare",
+                "--address",
+                "auto",
+                "--rounds",
+                "2",
+                "--study",
+                "quick",
+                "asis",
+                str(profile),
+                "--",
+                *command,
+            ),
+        ),
+        env=run_env,
+        cwd=job,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert c.returncode == 0, c.stdout + c.stderr
     assert "Script mode on 2 node(s)" in c.stdout
     assert c.stdout.count("samples/s") >= 4, c.stdout  # 2 rounds of A and B
@@ -160,22 +184,27 @@ def test_a_script_on_two_nodes_fails_with_its_own_error(lab2, job, run_env):
     )
     p = subprocess.run(
         run_cmd("--study", "quick", "--n-trials", "1", "--budget", "2m", "--quiet"),
-        env=run_env, cwd=job, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        env=run_env,
+        cwd=job,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode != 0
     assert "train.py: error: no data on this node" in p.stdout + p.stderr, p.stdout + p.stderr
     assert wait_for(none_left, 20), (script_pids("atlab-0"), script_pids("atlab-1"))
 
 
-def test_a_driver_killed_with_minus_9_leaves_nothing_of_the_script_on_any_node(
-    lab2, job, run_env
-):
+def test_a_driver_killed_with_minus_9_leaves_nothing_of_the_script_on_any_node(lab2, job, run_env):
     for attempt in range(2):  # twice: the second run resumes the study the first left
         p = subprocess.Popen(
             run_cmd("--study", "quick", "--budget", "5m", "--quiet", "--study-name", "k9"),
-            env=run_env, cwd=job, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=run_env,
+            cwd=job,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             start_new_session=True,
-        )  # fmt: skip
+        )
         try:
             assert wait_for(trial_running(run_env["AUTOTUNE_HOME"], "k9", number=attempt), 180)
             assert wait_for(lambda: script_pids("atlab-1"), 60), "no rank on the worker node"
@@ -207,18 +236,32 @@ def _driver_of(lab_exec: int) -> int:
 def test_a_worker_node_killed_mid_script_trial_fails_it_node_lost(lab2, job, run_env):
     """Last in the module: the lab's worker node is gone afterwards."""
     p = subprocess.Popen(
-        run_cmd("--study", "quick", "--budget", "5m", "--node-wait", "5s", "--quiet",
-                "--study-name", "killed"),
-        env=run_env, cwd=job, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        run_cmd(
+            "--study",
+            "quick",
+            "--budget",
+            "5m",
+            "--node-wait",
+            "5s",
+            "--quiet",
+            "--study-name",
+            "killed",
+        ),
+        env=run_env,
+        cwd=job,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         for line in p.stdout:
             if "samples/s" in line:  # the baseline is measured
                 break
         assert wait_for(trial_running(run_env["AUTOTUNE_HOME"], "killed"), 120)
         assert wait_for(lambda: script_pids("atlab-1"), 60), "no rank on the worker node"
-        pids = subprocess.run(["ip", "netns", "pids", "atlab-1"], capture_output=True,
-                              text=True).stdout.split()  # fmt: skip
+        pids = subprocess.run(
+            ["ip", "netns", "pids", "atlab-1"], capture_output=True, text=True
+        ).stdout.split()
         for pid in pids:
             os.kill(int(pid), signal.SIGKILL)  # the whole node: raylet, workers, the script
         out = p.communicate(timeout=240)[0]

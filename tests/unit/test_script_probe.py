@@ -18,31 +18,51 @@ from autotune.launch.results import TrialResult
 from autotune.limit.evidence import Evidence
 from autotune.limit.probe import bounds
 from autotune.script.probe import record_of
-from autotune.search.screening import plan
 from autotune.script.trial import phases
+from autotune.search.screening import plan
 
 GRAD_BYTES = 56_684_548.0  # 6 x Linear(1536, 1536) + head, fp32
 
 
 def target() -> Target:
-    return Target(backend="gloo", device="cpu", world_size=2, global_batch=128,
-                  cpus_per_rank=1, ranks_per_node=1)  # fmt: skip
+    return Target(
+        backend="gloo",
+        device="cpu",
+        world_size=2,
+        global_batch=128,
+        cpus_per_rank=1,
+        ranks_per_node=1,
+    )
 
 
 def config() -> TrialConfig:
     from autotune.core.knobs import KNOBS
 
     t = target()
-    return replace(TrialConfig.from_values({n: k.default_for(t) for n, k in KNOBS.items()}, t),
-                   env={})  # fmt: skip
+    return replace(
+        TrialConfig.from_values({n: k.default_for(t) for n, k in KNOBS.items()}, t), env={}
+    )
 
 
 def result(samples_per_s: float) -> TrialResult:
     rank = RankResult(
-        rank=0, applied={}, pid=1, steps=40, samples=40 * 128, window_s=10.0,
-        windows=[samples_per_s] * 4, steps_per_window=10, warmup_steps=3, stop="converged",
-        setup_s=5.0, warmup_s=1.0, measure_s=10.0, loss=0.1, loss_curve=[], peak_memory_mb=1.0,
-    )  # fmt: skip
+        rank=0,
+        applied={},
+        pid=1,
+        steps=40,
+        samples=40 * 128,
+        window_s=10.0,
+        windows=[samples_per_s] * 4,
+        steps_per_window=10,
+        warmup_steps=3,
+        stop="converged",
+        setup_s=5.0,
+        warmup_s=1.0,
+        measure_s=10.0,
+        loss=0.1,
+        loss_curve=[],
+        peak_memory_mb=1.0,
+    )
     return TrialResult(ranks=[rank], wall_s=20.0)
 
 
