@@ -344,3 +344,52 @@ def test_export_from_a_profile_file_prints_or_writes_the_frameworks_snippet(tmp_
     assert bad.returncode == 2 and "--format" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.py").exists()
+
+
+#: Texts that end a literal or a comment line where they are pasted raw: a newline, a carriage
+#: return (Python ends a line there too), Unicode line and paragraph separators, NEL, quotes,
+#: a backslash; each followed by code.
+HOSTILE_TEXTS = [
+    "3)\nimport os; os.system('touch pwned')\n#",
+    "3)\rimport os; os.system('touch pwned')\r#",
+    "3\u2028import os\u2029os.system('x')",
+    "3\x85import os",
+    "3'\"\\'; import os #",
+]
+
+
+def _calls_and_imports(text: str) -> tuple[set[str], set[str]]:
+    """What a snippet calls (by name) and imports."""
+    calls, imports = set(), set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Call):
+            calls.add(ast.unparse(node.func))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            imports |= {a.name for a in node.names} | {getattr(node, "module", None) or ""}
+    return calls, imports
+
+
+@pytest.mark.parametrize("fmt", sorted(adapters.FORMATS))
+@pytest.mark.parametrize("text", HOSTILE_TEXTS)
+def test_h_p65_no_profile_text_becomes_code_in_a_snippet(fmt, text, tmp_path):
+    """H-P65: every string field a profile file may hold, hostile, through the loader: the
+    snippet compiles, calls and imports exactly what the clean profile's does, and holds the
+    text only as the literal of itself."""
+    clean = make()
+    path = clean.save(tmp_path / "p.yaml")
+    import yaml
+
+    data = yaml.safe_load(path.read_text())
+    data["study"].update(name=text, best_trial=text, baseline_trial=text)
+    data["measured"]["note"] = text
+    path.write_text(yaml.safe_dump(data, allow_unicode=True))
+    try:
+        hostile = Profile.load(path)
+    except ConfigError:
+        return  # refused at load: nothing is generated
+    snippet = adapters.render(hostile, fmt)
+    compile(snippet, f"<{fmt}>", "exec")
+    assert _calls_and_imports(snippet) == _calls_and_imports(adapters.render(clean, fmt))
+    assert all(not line.lstrip().startswith("import os") for line in snippet.splitlines())
+    # the text itself (as the loader read it), as a literal in the header's comment
+    assert common.literal(hostile.study["best_trial"]) in snippet
