@@ -341,7 +341,8 @@ def _rank_result(
         steps_per_window=stream.steps_per_window,
         warmup_steps=first,
         stop=stream.stop,
-        setup_s=max(0.0, wall_s - window_s - (stamps[first] - stamps[0])),  # imports, data
+        # before the first window: start-up and warm-up (and, after the windows, the end)
+        setup_s=max(0.0, wall_s - window_s),
         warmup_s=stamps[first] - stamps[0],
         measure_s=window_s,
         loss=_mean(losses[-n:]) if losses else math.nan,
