@@ -175,6 +175,44 @@ def test_a_torchrun_script_spans_both_nodes_and_compare_runs_it_there(lab2, job,
     assert wait_for(none_left, 20), (script_pids("atlab-0"), script_pids("atlab-1"))
 
 
+def test_a_directory_the_nodes_do_not_share_travels_with_rays_runtime_environment(
+    lab2, job, run_env
+):
+    """``AUTOTUNE_SCRIPT_FILES=ship`` takes the path of nodes without a shared file system:
+    the directory goes to each node by Ray's runtime environment, and the command runs in the
+    copy there (the script's directory holds a data file it reads by a relative path)."""
+    (job / "train.py").write_text(
+        "import pathlib\nassert pathlib.Path('data.txt').read_text() == 'shipped'\n" + SCRIPT
+    )
+    (job / "data.txt").write_text("shipped")
+    env = {**run_env, "AUTOTUNE_SCRIPT_FILES": "ship"}
+    p = subprocess.run(
+        run_cmd(
+            "--study",
+            "quick",
+            "--n-trials",
+            "1",
+            "--validate-top",
+            "0",
+            "--budget",
+            "2m",
+            "--no-limit",
+            "--study-name",
+            "shipped",
+        ),
+        env=env,
+        cwd=job,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "the nodes do not all see the files of" in p.stdout, p.stdout
+    assert "travels to each with Ray's runtime environment" in p.stdout
+    assert "baseline" in p.stdout and "samples/s" in p.stdout
+    assert wait_for(none_left, 20), (script_pids("atlab-0"), script_pids("atlab-1"))
+
+
 def test_a_script_on_two_nodes_fails_with_its_own_error(lab2, job, run_env):
     """One node's command fails at once: the trial's reason is the script's own error line,
     not torchrun's banner, and nothing of the script is left on either node."""
