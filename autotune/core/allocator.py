@@ -58,8 +58,9 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # malloc.h
 
 #: Why a value is not one for ``MALLOC_MMAP_THRESHOLD_`` (glibc's range), or None.
 legal_mmap = int_range(0, MMAP_THRESHOLD)
-#: Why a value is not one for ``MALLOC_TRIM_THRESHOLD_``, or None.
-legal_trim = int_range(0, 2**50)
+#: Why a value is not one for ``MALLOC_TRIM_THRESHOLD_``, or None: ``mallopt`` takes a C int,
+#: so a larger value reached glibc as another number (4294967296 became 0).
+legal_trim = int_range(0, 2**31 - 1)
 
 
 def pin(env: Mapping[str, str] = ENV) -> bool:

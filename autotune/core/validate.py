@@ -93,8 +93,11 @@ _KEYS = {"ddp": DDP_KEYS, "ddp.comm_hook": HOOK_KEYS, "data": DATA_KEYS}
 
 
 def _env_value(value: str) -> Any:
-    """An environment string as the knob's rule sees it: digits are a whole number."""
-    return int(value) if re.fullmatch(r"[0-9]{1,18}", value) else value
+    """An environment string as the knob's rule sees it: digits in canonical decimal are a
+    whole number; anything else stays text, which a number's rule refuses. NCCL reads its
+    integers with base 0 (``strtoll(value, NULL, 0)``): ``09`` is 0 and ``0064`` is 52 there,
+    so a leading zero is not the number it looks like."""
+    return int(value) if re.fullmatch(r"0|[1-9][0-9]{0,17}", value) else value
 
 
 def check_env(env: Any, *, where: str = "profile", fix: str = FILE_FIX) -> None:
