@@ -161,7 +161,7 @@ def check_mapping(data: dict[str, Any], *, where: str = "profile") -> None:
 def _check_structure(data: dict[str, Any], where: str) -> None:
     """Every section and key known and present where required, the version this reads."""
     _yaml.check_keys(data, where=where, allowed=TOP, required=TOP)
-    if data["version"] != PROFILE_VERSION:
+    if type(data["version"]) is not int or data["version"] != PROFILE_VERSION:  # true == 1
         raise ConfigError(
             f"{where}: version {data['version']!r} is not supported; this autotune reads "
             f"version {PROFILE_VERSION}"

@@ -351,6 +351,7 @@ HOSTILE = [
         env(NCCL_NET_PLUGIN="/tmp/evil.so"), "env key 'NCCL_NET_PLUGIN' is not allowed", id="H-P64"
     ),
     pytest.param(env(NCCL_BUFFSIZE="09"), "env.NCCL_BUFFSIZE", id="H-P66"),
+    pytest.param(lambda d: d.update(version=True), "version True is not supported", id="H-P69"),
     pytest.param(env(NCCL_NTHREADS="0064"), "env.NCCL_NTHREADS", id="H-P67"),
     pytest.param(
         env(**{"MALLOC_TRIM_THRESHOLD_": "4294967296"}),
