@@ -104,8 +104,10 @@ def load_study(url: str, name: str) -> Any:
     """The study ``name`` in ``url``; a missing one is an error listing those there."""
     import optuna
 
-    try:
-        return optuna.load_study(study_name=name, storage=url)
+    from autotune.record.storage import open_storage
+
+    try:  # open_storage: a database another process is creating right now is opened again
+        return optuna.load_study(study_name=name, storage=open_storage(url))
     except KeyError:
         names = [s.study_name for s in optuna.get_all_study_summaries(url)]
         raise ConfigError(

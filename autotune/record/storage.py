@@ -142,6 +142,14 @@ def schema_race(e: BaseException) -> bool:
     """Whether ``e`` is another driver creating Optuna's tables in the same new database at
     the same moment. PostgreSQL then refuses one of the two ``CREATE TABLE``s on its own
     catalog ("duplicate key value violates unique constraint pg_type_typname_nsp_index", seen
-    in CI), or says a table already exists. Opened again, the tables are there to read."""
+    in CI), or says a table already exists ("relation ... already exists"; SQLite's "table
+    studies already exists", also seen in CI, where a test polled the database a run was
+    creating), or that the schema's version was stamped by the other ("UNIQUE constraint
+    failed: alembic_version.version_num", seen when two processes open one new SQLite file at
+    once). Opened again, the tables are there to read."""
     text = str(e)
-    return "pg_type_typname_nsp_index" in text or ("already exists" in text and "relation" in text)
+    return (
+        "pg_type_typname_nsp_index" in text
+        or "alembic_version" in text
+        or ("already exists" in text and ("relation" in text or "table" in text))
+    )
