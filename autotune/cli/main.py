@@ -31,6 +31,7 @@ from autotune.core.errors import (
     interrupted_by,
     raise_terminated,
 )
+from autotune.core.values import terminal_safe
 from autotune.definition import settings
 from autotune.definition.studydef import StudyDefinition
 from autotune.script.compare import add_compare_parser
@@ -223,7 +224,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"autotune: {TERMINATED_LINE if terminated else 'interrupted'}", file=sys.stderr)
         return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     if summary.stopped:
-        print(f"autotune: stopped early: {summary.stopped}", file=sys.stderr)
+        print(f"autotune: stopped early: {terminal_safe(summary.stopped)}", file=sys.stderr)
         return 1
     return 0
 
@@ -272,7 +273,7 @@ def _print_summary(console: Any, summary: Any) -> None:
     from autotune.report.progress import failure_line, summary_table
 
     def say(text: str) -> None:
-        console.print(text, highlight=False, soft_wrap=True, markup=False)
+        console.print(terminal_safe(text), highlight=False, soft_wrap=True, markup=False)
 
     t = summary.trials
     say("")
@@ -326,10 +327,10 @@ def _act(args: argparse.Namespace) -> int:
     try:
         return args.action(args)
     except ConfigError as e:
-        print(f"autotune: error: {e}", file=sys.stderr)
+        print(f"autotune: error: {terminal_safe(str(e))}", file=sys.stderr)
         return EXIT_USAGE
     except BaselineFailed as e:
-        print(f"autotune: {e}", file=sys.stderr)
+        print(f"autotune: {terminal_safe(str(e))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
         if interrupted_by(e) == "SIGTERM":
@@ -341,7 +342,7 @@ def _act(args: argparse.Namespace) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except AutotuneError as e:
-        print(f"autotune: {e}", file=sys.stderr)
+        print(f"autotune: {terminal_safe(str(e))}", file=sys.stderr)
         return 1
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "seconds",
     "shown",
     "speedup",
+    "terminal_safe",
 ]
 
 
@@ -75,6 +76,15 @@ def number_in(lo: float, hi: float) -> Callable[[Any], str | None]:
         return None if ok else f"must be a number above {lo:g} and at most {hi:g}"
 
     return check
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every control and format character escaped as Python writes it (``\\x1b``,
+    ``\\n``, ``\\u202e``): what reaches a terminal from a profile, a study, a database or a
+    command can draw nothing over autotune's own lines, nor move the cursor."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
 def shown(value: Any, limit: int = 60) -> str:

@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.core.knobs import changed_knobs
-from autotune.core.values import number
+from autotune.core.values import number, terminal_safe
 from autotune.definition.durations import format_duration
 from autotune.record import trial as tr
 from autotune.record.study import baseline_trial, complete, failure_reasons
@@ -93,12 +93,16 @@ class RunView:
 
     def log(self, text: str) -> None:
         """A line of the run's log (rich markup allowed; stripped off a plain console)."""
-        self.console.print(text, highlight=False, soft_wrap=True)
+        self.console.print(terminal_safe(text), highlight=False, soft_wrap=True)
 
     def __call__(self, event: Any) -> None:
-        """Show one event of the run (``autotune.report.events``); called from any thread."""
+        """Show one event of the run (``autotune.report.events``); called from any thread. A
+        line holding a control character (from a study, a database, a command) is shown
+        escaped (``terminal_safe``), unstyled."""
         with self._lock:
             for line in self._render(event):
+                if not line.plain.isprintable():
+                    line = Text(terminal_safe(line.plain))
                 self.console.print(line, highlight=False, soft_wrap=True)
 
     def _render(self, e: Any) -> list[Text]:
