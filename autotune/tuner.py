@@ -22,6 +22,7 @@ Everything the run has to say goes out as events (``autotune.report.events``) to
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -138,7 +139,7 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
         job = workload.name if isinstance(workload, ScriptJob) else d.trainer.replace(":", ".")
         name = req.study_name or f"{d.name}-{job}-{target.backend}-{target.world_size}r"
         if req.storage_url is None:
-            req.run_dir.mkdir(parents=True, exist_ok=True)
+            make_private_dir(req.run_dir)
         # 4. The study.
         study, opened = open_study(name, storage_url, d, resolved, workload.global_batch, hw)
         emit(opened)
@@ -177,6 +178,17 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
     if req.sigterm and Terminated.received and not summary.interrupted:
         summary.interrupted = summary.terminated = True  # held during the export or shutdown
     return summary
+
+
+def make_private_dir(path: Path) -> None:
+    """The run directory (the study, the logs, the command lines): made private (0700, this
+    user's alone) where this run creates it; one that exists is left as its owner set it."""
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):  # another run made it this moment
+        path.mkdir(mode=0o700)
+        os.chmod(path, 0o700)  # whatever the umask
 
 
 def _connect(req: RunRequest) -> tuple[RayConnection, Callable[[], None]]:

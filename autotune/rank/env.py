@@ -16,8 +16,9 @@ __all__ = ["output_to", "torchrun_env"]
 def output_to(log_dir: str | None, rank: int) -> Iterator[None]:
     """This process's file descriptors 1 and 2, which its DataLoader workers inherit and NCCL
     writes to, into ``log_dir/rank-<rank>.log`` for the trial, and back afterwards. Where the
-    directory cannot be made (a rank on another node), the output stays where it was. The log
-    is opened with ``O_APPEND`` and capped (``autotune.core.logfile``: checked once a second
+    directory cannot be made (a rank on another node), or the log's name is a link (planted:
+    it is not written through), the output stays where it was. The log is opened with
+    ``O_APPEND`` and capped (``autotune.core.logfile``: checked once a second
     while the trial runs, and when it ends)."""
     import sys
 
@@ -26,7 +27,8 @@ def output_to(log_dir: str | None, rank: int) -> Iterator[None]:
         with contextlib.suppress(OSError):
             os.makedirs(log_dir, exist_ok=True)
             path = os.path.join(log_dir, f"rank-{rank}.log")
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            # never through a link planted where the log goes (it would write another's file)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     if fd is None:
         yield
         return

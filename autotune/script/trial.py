@@ -248,8 +248,7 @@ class Launch:
             child_env = {**base, **config.env, **ours}
             self.log = log or work / "script.log"
             self.log.parent.mkdir(parents=True, exist_ok=True)
-            self.log.write_bytes(b"")
-            self._out = open(self.log, "ab")  # noqa: SIM115 - O_APPEND: the cap cuts in place
+            self._out = open_log(self.log)
         except BaseException:
             self._tmp.cleanup()
             raise
@@ -278,6 +277,22 @@ class Launch:
             self.end()
         finally:
             self._tmp.cleanup()
+
+
+def open_log(path: Path) -> IO[bytes]:
+    """``path`` opened empty for appending (``O_APPEND``: the cap cuts it in place), never
+    through a link: a link planted where the log goes (a directory others can write) would have
+    the command's output written into the file it points at. Raises ``TrialFailed`` then."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as e:
+        raise TrialFailed(
+            FailureReason.CRASH,
+            f"cannot write the log {path} ({e.strerror}: a link there is not followed); "
+            "remove it, or give a directory of your own",
+        ) from None
+    return os.fdopen(fd, "ab")
 
 
 def _save_profile(config: TrialConfig, world_size: int, backend: str, path: Path) -> Path:
