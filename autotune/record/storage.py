@@ -30,8 +30,9 @@ SQLITE_BUSY_TIMEOUT_S = 20.0
 RDB_BACKENDS = ("sqlite", "postgresql", "mysql", "mariadb", "oracle", "mssql")
 
 
-#: A URL's credentials in any text: ``scheme://user:password@``.
-_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*):\S*@")
+#: A URL's credentials in any text: ``scheme://user:password@``, the password up to the first
+#: ``@`` on its line (a password may hold spaces: it was shown in full when it did).
+_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*):[^@\n]*@")
 #: A password given as a query parameter (``?password=...``), which some drivers read.
 _QUERY_PASSWORD = re.compile(r"((?:password|passwd|pwd)=)[^&\s]*", re.IGNORECASE)
 

@@ -16,6 +16,7 @@ URLS = [
     pytest.param(f"nosuchdb://user:{SECRET}@host/db", id="H-F03"),
     pytest.param(f"postgresql://user:pa/{SECRET}@127.0.0.1:1/db", id="H-F04"),
     pytest.param(f"postgresql://127.0.0.1:1/db?user=u&password={SECRET}", id="H-F05"),
+    pytest.param(f"postgresql://user:pass {SECRET}@127.0.0.1:1/db", id="H-F06"),
 ]
 
 
