@@ -88,6 +88,10 @@ def read_mapping(path: Path, *, what: str) -> dict[str, Any]:
         raise ConfigError(f"{what} {path}{where}: not valid YAML ({problem})") from None
     except RecursionError:  # the parser recurses once per level of nesting
         raise ConfigError(f"{what} {path}: nested more than {MAX_DEPTH} levels deep") from None
+    except ValueError as e:  # a number past Python's digit limit (4,300): no value of ours
+        raise ConfigError(
+            f"{what} {path}: a number too long to be any setting's ({str(e).split(':')[0]})"
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(
             f"{what} {path}: expected a mapping at the top, got {type(data).__name__}"

@@ -187,3 +187,12 @@ def test_a_profile_beyond_this_machine_is_warned_about_not_refused(tmp_path):
         "env.OMP_NUM_THREADS 512 per rank, on 2 CPU(s)",
     ]
     assert p.machine_warnings(cpus=1024) == []
+
+
+def test_h_y20_a_5000_digit_integer_is_one_line_not_a_traceback(tmp_path):
+    """H-Y20."""
+    path = tmp_path / "huge.yaml"
+    path.write_text(f"version: {'9' * 5000}\n")
+    with pytest.raises(ConfigError, match="a number too long to be any setting's") as e:
+        Profile.load(path)
+    assert "\n" not in str(e.value) and len(str(e.value)) < 300
