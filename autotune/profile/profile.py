@@ -31,7 +31,7 @@ from typing import Any
 
 from autotune.core import allocator, apply
 from autotune.core import safe_yaml as _yaml
-from autotune.core.config import TrialConfig
+from autotune.core.config import POWERSGD_START_ITER, TrialConfig
 from autotune.core.errors import ConfigError
 from autotune.core.files import replace_whole
 from autotune.launch.hardware import differences
@@ -47,6 +47,14 @@ from autotune.profile.rules import (
 from autotune.script import report as script_report
 
 __all__ = ["ALLOWED_ENV", "PROFILE_VERSION", "Profile", "check_env", "shell_exports"]
+
+
+#: PyTorch's own values of the DDP settings a profile may leave out.
+DDP_DEFAULTS: dict[str, Any] = {
+    "bucket_cap_mb": 25.0,
+    "gradient_as_bucket_view": False,
+    "static_graph": False,
+}
 
 
 @dataclass(kw_only=True)
@@ -83,8 +91,16 @@ class Profile:
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any], *, where: str = "profile") -> Profile:
+        """A checked mapping as a profile; a DDP setting it leaves out is PyTorch's default
+        (``DDP_DEFAULTS``), and PowerSGD's start its own (``POWERSGD_START_ITER``), so that
+        every consumer (``wrap``, ``export --format``) reads one value for each."""
         check_mapping(data, where=where)
-        return cls(**{k: data[k] for k in TOP})
+        fields = {k: data[k] for k in TOP}
+        ddp = {**DDP_DEFAULTS, **fields["ddp"]}
+        if ddp["comm_hook"].get("name") == "powersgd":
+            ddp["comm_hook"] = {"start_powerSGD_iter": POWERSGD_START_ITER, **ddp["comm_hook"]}
+        fields["ddp"] = ddp
+        return cls(**fields)
 
     def to_yaml(self, *, where: str = "profile") -> str:
         """The profile as its file holds it, checked by the strict loader first: nothing is

@@ -176,7 +176,9 @@ def _check_structure(data: dict[str, Any], where: str) -> None:
     hook = data["ddp"]["comm_hook"]
     if not isinstance(hook, dict):
         raise ConfigError(f"{where}: ddp.comm_hook must be a mapping like {{name: fp16}}")
-    _yaml.check_keys(hook, where=f"{where}: ddp.comm_hook", allowed=HOOK_KEYS, required=("name",))
+    powersgd = hook.get("name") == "powersgd"  # its rank has no default: it is the setting
+    required = ("name", "matrix_approximation_rank") if powersgd else ("name",)
+    _yaml.check_keys(hook, where=f"{where}: ddp.comm_hook", allowed=HOOK_KEYS, required=required)
     for section, depth in _DESCRIPTIVE.items():
         for key, value in data[section].items():
             _check_small(value, f"{where}: {section}.{key}", depth)

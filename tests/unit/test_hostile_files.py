@@ -196,3 +196,25 @@ def test_h_y20_a_5000_digit_integer_is_one_line_not_a_traceback(tmp_path):
     with pytest.raises(ConfigError, match="a number too long to be any setting's") as e:
         Profile.load(path)
     assert "\n" not in str(e.value) and len(str(e.value)) < 300
+
+
+def test_h_p70_a_profile_without_a_ddp_setting_gets_pytorchs_and_exports(tmp_path):
+    """H-P70: a profile without ``ddp.bucket_cap_mb`` loaded, then ``export --format`` failed
+    with a KeyError traceback; the setting is now PyTorch's default, in every consumer."""
+    from autotune import adapters
+    from tests.unit.test_profile_env import write
+
+    path = write(tmp_path / "p.yaml", lambda d: d["ddp"].pop("bucket_cap_mb"))
+    p = Profile.load(path)
+    assert p.ddp_kwargs["bucket_cap_mb"] == 25.0
+    for fmt in sorted(adapters.FORMATS):
+        compile(adapters.render(p, fmt), fmt, "exec")
+
+
+def test_h_p71_a_powersgd_hook_without_its_rank_is_refused_at_load(tmp_path):
+    """H-P71."""
+    from tests.unit.test_profile_env import write
+
+    path = write(tmp_path / "p.yaml", lambda d: d["ddp"].update(comm_hook={"name": "powersgd"}))
+    with pytest.raises(ConfigError, match="matrix_approximation_rank"):
+        Profile.load(path)

@@ -305,7 +305,13 @@ HOSTILE = [
         id="H-P54",
     ),
     pytest.param(
-        lambda d: d["ddp"].update(comm_hook={"name": "powersgd", "start_powerSGD_iter": 10**12}),
+        lambda d: d["ddp"].update(
+            comm_hook={
+                "name": "powersgd",
+                "matrix_approximation_rank": 4,
+                "start_powerSGD_iter": 10**12,
+            }
+        ),
         "ddp.comm_hook.start_powerSGD_iter must be an integer in [0, 1000000]",
         id="H-P55",
     ),
