@@ -166,6 +166,8 @@ def in_process(
 
     import optuna
     import optuna_dashboard
+
+    from autotune.cli import dashboard as dashboard_gate
     import ray
 
     from autotune.cli import main as cli_main
@@ -181,7 +183,7 @@ def in_process(
     saved_verbosity = optuna.logging.get_verbosity()
     saved_bytecode = sys.dont_write_bytecode
     guarded = [(ray, "init"), (os, "execvpe"), (os, "execvp"), (os, "execve"), (os, "execv"),
-               (optuna_dashboard, "run_server")]  # fmt: skip
+               (optuna_dashboard, "run_server"), (dashboard_gate, "serve")]  # fmt: skip
     originals = [
         (obj, name, getattr(obj, name)) for obj, name in [*guarded, (ray, "is_initialized")]
     ]

@@ -221,18 +221,25 @@ def check_listen(host: str, port: int, *, expose: bool) -> bool:
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
     import optuna
-    from optuna_dashboard import run_server
+
+    from autotune.cli.dashboard import new_token, serve
 
     exposed = check_listen(args.host, args.port, expose=args.expose)
     url = storage_url(args)
+    token = new_token()
     page = f"http://{args.host}:{args.port}/dashboard/"
     if args.study_name:
         load_study(url, args.study_name)  # the error naming the studies there
         study_id = optuna.storages.get_storage(url).get_study_id_from_name(args.study_name)
         page += f"studies/{study_id}"  # optuna-dashboard's address of the study's page
+    page += f"?token={token}"  # the gate's (cli.dashboard): only this address opens it
     print(f"optuna-dashboard for {display_url(url)} at {page} (Ctrl-C stops it)", flush=True)
     if exposed:
-        print(f"autotune: note: --expose: anyone who reaches {args.host}:{args.port} can delete "
-              f"and rename studies (no authentication)", file=sys.stderr, flush=True)  # fmt: skip
-    run_server(url, host=args.host, port=args.port)
+        print(
+            f"autotune: note: --expose: anyone who reaches {args.host}:{args.port} with the "
+            "address above can delete and rename studies (its token is the only check)",
+            file=sys.stderr,
+            flush=True,
+        )
+    serve(url, host=args.host, port=args.port, token=token)
     return 0

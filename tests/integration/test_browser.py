@@ -15,6 +15,7 @@ import re
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -94,14 +95,19 @@ def dashboard(finished_run, tmp_path_factory):
             time.sleep(0.1)
         line = out.read_text().partition("\n")[0]
         assert server.poll() is None, f"autotune dashboard exited: {line}\n{err.read_text()}"
-        # Then wait until it answers.
+        # Then wait until it answers: without the printed address's token, with 403 (H-W07:
+        # another local user's request to its API is refused by the real server).
         while True:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5):
-                    break
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5)
+            except urllib.error.HTTPError as e:
+                assert e.code == 403, e.code
+                break
             except OSError:
                 assert time.monotonic() < deadline, f"no answer: {err.read_text()}"
                 time.sleep(0.2)
+            else:
+                raise AssertionError("the dashboard answered a request without its token")
         yield {"line": line, "port": port}
     finally:
         server.terminate()

@@ -18,13 +18,12 @@ from autotune.core.errors import ConfigError
 
 @pytest.fixture
 def served(monkeypatch):
-    """optuna-dashboard's server, replaced: the (host, port) each call would have served."""
-    import optuna_dashboard
+    """optuna-dashboard's server behind its gate, replaced: the (host, port) each call would
+    have served."""
+    from autotune.cli import dashboard as gate
 
     calls: list[tuple[str, int]] = []
-    monkeypatch.setattr(
-        optuna_dashboard, "run_server", lambda url, host, port: calls.append((host, port))
-    )
+    monkeypatch.setattr(gate, "serve", lambda url, host, port, token: calls.append((host, port)))
     return calls
 
 
