@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import pwd
 import socket
+from pathlib import Path
 
 from autotune.core.compat import bootstrap_address, reread_ray_config
 from autotune.core.errors import ConfigError
@@ -124,3 +126,40 @@ def auth_as_ray_would() -> None:
     if os.environ.get("RAY_AUTH_TOKEN", "").strip() or os.path.isfile(path):
         os.environ["RAY_AUTH_MODE"] = "token"
         reread_ray_config()
+
+
+def gcs_owners(proc: Path = Path("/proc")) -> set[int]:
+    """The uids of the Ray clusters' GCS servers running on this machine (what ``auto`` finds:
+    Ray looks for a ``gcs_server`` process), read from ``proc``."""
+    owners = set()
+    for entry in proc.glob("[0-9]*"):
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            if not cmdline.split(b"\0", 1)[0].endswith(b"gcs_server"):
+                continue
+            status = (entry / "status").read_text()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        uid = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("Uid:")), None)
+        if uid is not None and uid.isdigit():
+            owners.add(int(uid))
+    return owners
+
+
+def check_auto_owner(from_env: bool, proc: Path = Path("/proc")) -> None:
+    """``auto`` joins a cluster of this user's only: Ray's ``auto`` joins whichever cluster
+    runs on the machine, and the driver then unpickles what that cluster's workers return.
+    Raises ``ConfigError`` naming the owner when every cluster here is another user's."""
+    owners = gcs_owners(proc)
+    me = os.geteuid()
+    if owners and me not in owners:
+        uid = min(owners)
+        try:
+            name = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            name = f"uid {uid}"
+        raise ConfigError(
+            f"{flag_of('auto', from_env)}: the Ray cluster running here belongs to {name} "
+            f"(uid {uid}), not to you; start your own (ray start --head) and join it, or "
+            f"{leave_hint(from_env)} for a local instance of your own"
+        )

@@ -170,6 +170,7 @@ def connect(address: str | None, *, trainer_dir: str | None = None) -> RayConnec
     loopback = address is None or addr.is_loopback(addr.check_reachable(address, from_env))
     kwargs = _init_kwargs(address, trainer_dir)
     if address == "auto":
+        addr.check_auto_owner(from_env)
         addr.auth_as_ray_would()
     owner = f"{os.getpid()}-{uuid.uuid4().hex}" if address is None else None
     try:
