@@ -164,8 +164,9 @@ def namespaces() -> list[str]:
     return sorted(n for n in names if n == HUB or re.fullmatch(rf"{PREFIX}-\d+", n))
 
 
-def _sh(*cmd: str, timeout: float = 60.0, env: dict[str, str] | None = None,
-        what: str | None = None) -> str:  # fmt: skip
+def _sh(
+    *cmd: str, timeout: float = 60.0, env: dict[str, str] | None = None, what: str | None = None
+) -> str:
     """Run one setup step; a failure is a LabError naming it (``what``, else the command) and
     the last line it printed."""
     what = what or f"`{' '.join(cmd)}`"
@@ -212,13 +213,27 @@ def _build_network(lab: Lab) -> None:
         ns, port = node_ns(i), f"h{i}"
         _sh("ip", "netns", "add", ns)
         _sh("ip", "-n", ns, "link", "set", "lo", "up")
-        _sh("ip", "-n", HUB, "link", "add", port, "type", "veth", "peer", "name", IFNAME,
-            "netns", ns)  # fmt: skip
+        _sh(
+            "ip",
+            "-n",
+            HUB,
+            "link",
+            "add",
+            port,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            IFNAME,
+            "netns",
+            ns,
+        )
         _sh("ip", "-n", HUB, "link", "set", port, "master", "br0")
         _sh("ip", "-n", ns, "addr", "add", f"{node_ip(i)}/24", "dev", IFNAME)
         for where, dev in ((ns, IFNAME), (HUB, port)):  # both directions: a full-duplex link
-            _sh("tc", "-n", where, "qdisc", "add", "dev", dev, "root", "tbf",
-                "rate", lab.rate, *TBF)  # fmt: skip
+            _sh(
+                "tc", "-n", where, "qdisc", "add", "dev", dev, "root", "tbf", "rate", lab.rate, *TBF
+            )
             _sh("ip", "-n", where, "link", "set", dev, "up")
 
 
@@ -235,12 +250,22 @@ def _start_ray(lab: Lab) -> None:
     env = node_env()
     for i in range(lab.nodes):
         if i == 0:
-            args = ["--head", "--port", str(RAY_PORT), "--include-dashboard=false",
-                    "--temp-dir", str(RAY_TEMP_DIR)]  # fmt: skip
+            args = [
+                "--head",
+                "--port",
+                str(RAY_PORT),
+                "--include-dashboard=false",
+                "--temp-dir",
+                str(RAY_TEMP_DIR),
+            ]
         else:
             args = ["--address", lab.address]
-        _sh(*_in_ns(node_ns(i), _ray(), "start", "--node-ip-address", node_ip(i), *args,
-                    *common), env=env, timeout=180, what=f"ray start on node {i}")  # fmt: skip
+        _sh(
+            *_in_ns(node_ns(i), _ray(), "start", "--node-ip-address", node_ip(i), *args, *common),
+            env=env,
+            timeout=180,
+            what=f"ray start on node {i}",
+        )
 
 
 #: Run inside the head's namespace: the alive nodes' addresses, once every node has joined.
@@ -258,10 +283,12 @@ print(" ".join(ips))
 
 
 def _wait_joined(lab: Lab) -> list[str]:
-    cmd = _in_ns(node_ns(0), sys.executable, "-c", _JOINED, lab.address, str(lab.nodes),
-                 str(JOIN_TIMEOUT_S))  # fmt: skip
-    p = subprocess.run(cmd, capture_output=True, text=True, env=node_env(),
-                       timeout=JOIN_TIMEOUT_S + 60)  # fmt: skip
+    cmd = _in_ns(
+        node_ns(0), sys.executable, "-c", _JOINED, lab.address, str(lab.nodes), str(JOIN_TIMEOUT_S)
+    )
+    p = subprocess.run(
+        cmd, capture_output=True, text=True, env=node_env(), timeout=JOIN_TIMEOUT_S + 60
+    )
     ips = p.stdout.split()
     want = [node_ip(i) for i in range(lab.nodes)]
     if p.returncode != 0 or sorted(ips) != sorted(want):
@@ -353,8 +380,9 @@ def status() -> dict[str, object]:
         if ns == HUB:
             continue
         i = int(ns.rsplit("-", 1)[1])
-        qdisc = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", IFNAME],
-                               capture_output=True, text=True).stdout.strip()  # fmt: skip
+        qdisc = subprocess.run(
+            ["tc", "-n", ns, "qdisc", "show", "dev", IFNAME], capture_output=True, text=True
+        ).stdout.strip()
         procs = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
         nodes.append(
             {
@@ -362,10 +390,14 @@ def status() -> dict[str, object]:
                 "address": node_ip(i),
                 "qdisc": qdisc,
                 "processes": len(procs.stdout.split()),
-            }  # fmt: skip
+            }
         )
-    return {"lab": None if lab is None else asdict(lab), "address": lab and lab.address,
-            "namespaces": names, "nodes": nodes}  # fmt: skip
+    return {
+        "lab": None if lab is None else asdict(lab),
+        "address": lab and lab.address,
+        "namespaces": names,
+        "nodes": nodes,
+    }
 
 
 def exec_in(cmd: list[str], *, node: int = 0) -> int:

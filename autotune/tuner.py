@@ -146,18 +146,28 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
         profile_path = req.profile_path or req.run_dir / "profiles" / f"{file_stem(name)}.yaml"
         logs = req.run_dir / "logs" / file_stem(name)
         if len(runners) > 1:
-            emit(Note(f"Measuring {len(runners)} trials at once, each in its own placement group "
-                      f"({target.world_size} ranks, {plan.cpus_per_rank} CPU(s) each, "
-                      f"--placement {d.placement})"))  # fmt: skip
+            emit(
+                Note(
+                    f"Measuring {len(runners)} trials at once, each in its own placement group "
+                    f"({target.world_size} ranks, {plan.cpus_per_rank} CPU(s) each, "
+                    f"--placement {d.placement})"
+                )
+            )
         measure = RayMeasurer(study=study, runners=runners, definition=d, target=target)
         if isinstance(workload, ScriptJob):
             measure.files = check_files(runners[0], workload.command, os.getcwd())
             emit(Note(measure.files.describe(workload.nodes)))
         run = assemble(
-            study=study, space=resolved, definition=d, measure=measure,
-            emit=emit, started=req.started, tick=tick,
-            tokens_per_sample=workload.tokens_per_sample, logs=logs,
-        )  # fmt: skip
+            study=study,
+            space=resolved,
+            definition=d,
+            measure=measure,
+            emit=emit,
+            started=req.started,
+            tick=tick,
+            tokens_per_sample=workload.tokens_per_sample,
+            logs=logs,
+        )
         # room for the job as it runs today, the defaults and the winner, in new processes
         run.budget.as_is_arms = 3 if measure.as_is_reason() is None else 0
         summary = RunSummary(study_name=name, storage_url=storage_url, profile_path=None)
@@ -280,8 +290,7 @@ def _search_and_conclude(
     except Exception as e:  # noqa: BLE001 - reported, and the profile still exported
         cause = _cause(e)
         summary.stopped = f"{type(cause).__name__}: {first_line(str(cause))}"
-        emit(Note(f"Stopped by an error: {summary.stopped}; "
-                  "exporting the best profile so far"))  # fmt: skip
+        emit(Note(f"Stopped by an error: {summary.stopped}; exporting the best profile so far"))
         search.record_stop("error", summary.stopped)
 
 
@@ -294,8 +303,14 @@ def _said_converged(run: Assembly, emit: Emit) -> None:
         emit(Note(f"Converged at {at}; the run ended {left} before its budget"))
 
 
-def _limit(study: optuna.Study, d: StudyDefinition, measure: Measurer, trace_dir: Path,
-           emit: Emit, device: str = "cpu") -> None:  # fmt: skip
+def _limit(
+    study: optuna.Study,
+    d: StudyDefinition,
+    measure: Measurer,
+    trace_dir: Path,
+    emit: Emit,
+    device: str = "cpu",
+) -> None:
     """Probe the defaults and the configuration the profile will export (when it differs)."""
     base = baseline_trial(study)
     if base is None or base.state != optuna.trial.TrialState.COMPLETE:
@@ -309,17 +324,29 @@ def _limit(study: optuna.Study, d: StudyDefinition, measure: Measurer, trace_dir
         trials["tuned"] = profile.study["best_trial"]
     which = " and ".join(f"{k} (trial {trials[k]})" for k in configs)
     emit(Note(f"Measuring how far from the limit: {which}"))
-    measure_limit(study, measure, configs=configs, trials=trials, trace_dir=trace_dir,
-                  free_batch=d.free_batch, emit=emit, device=device,
-                  ruled_out=ruled_out(study))  # fmt: skip
+    measure_limit(
+        study,
+        measure,
+        configs=configs,
+        trials=trials,
+        trace_dir=trace_dir,
+        free_batch=d.free_batch,
+        emit=emit,
+        device=device,
+        ruled_out=ruled_out(study),
+    )
 
 
 def _interrupted(summary: RunSummary, e: KeyboardInterrupt, emit: Emit) -> None:
     summary.interrupted = True
     by = interrupted_by(e)
     summary.terminated = by == "SIGTERM"
-    emit(Note(f"Interrupted ({by}): the running trial is recorded; exporting the best "
-              f"profile so far (Ctrl-C again to exit at once)"))  # fmt: skip
+    emit(
+        Note(
+            f"Interrupted ({by}): the running trial is recorded; exporting the best "
+            f"profile so far (Ctrl-C again to exit at once)"
+        )
+    )
 
 
 def _cause(e: BaseException) -> BaseException:
@@ -352,8 +379,9 @@ def _export(summary: RunSummary, study: optuna.Study, path: Path, budget_s: floa
         summary.stopped = f"{summary.stopped}; {why}" if summary.stopped else why
 
 
-def _place(d: StudyDefinition, workload: Workload | ScriptJob
-           ) -> tuple[Target, list[TrialRunner], dict[str, Any], RankPlan]:  # fmt: skip
+def _place(
+    d: StudyDefinition, workload: Workload | ScriptJob
+) -> tuple[Target, list[TrialRunner], dict[str, Any], RankPlan]:
     """Backend and world size from the cluster; the runners (placement groups); the hardware
     probed from the first; the target the space is resolved against."""
     import ray
@@ -376,14 +404,19 @@ def _place(d: StudyDefinition, workload: Workload | ScriptJob
             raise ConfigError(f"--backend {backend}: {hw['error']}; use --backend gloo")
         ranks_per_node = math.ceil(world / hw["node_count"])
         target = Target(
-            backend=backend, device=hw["device"], world_size=world,
+            backend=backend,
+            device=hw["device"],
+            world_size=world,
             global_batch=workload.global_batch,
             # the CPUs the rank's bundle reserves, never more than its machine has
             cpus_per_rank=max(1, min(plan.cpus_per_rank, hw["cpus"] // ranks_per_node)),
-            bf16=hw["bf16"], bf16_native=bool(hw.get("bf16_native")), tf32=hw["tf32"],
-            free_batch=d.free_batch, ranks_per_node=ranks_per_node,
+            bf16=hw["bf16"],
+            bf16_native=bool(hw.get("bf16_native")),
+            tf32=hw["tf32"],
+            free_batch=d.free_batch,
+            ranks_per_node=ranks_per_node,
             compile_problem=hw.get("compile_problem", NOT_PROBED),
-        )  # fmt: skip
+        )
     except BaseException:
         for r in runners:
             r.close()

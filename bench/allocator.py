@@ -55,9 +55,14 @@ def one_run(torchrun: str, profile: Path, where: Path, steps: int, pinned: bool)
     if pinned:
         env.update(allocator.ENV)
     with open(where / "log", "wb") as log:
-        subprocess.run([torchrun, "--nproc-per-node", "2", str(SCRIPT), "--steps", str(steps)],
-                       env=env, stdout=log, stderr=subprocess.STDOUT, check=True,
-                       timeout=600)  # fmt: skip
+        subprocess.run(
+            [torchrun, "--nproc-per-node", "2", str(SCRIPT), "--steps", str(steps)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            check=True,
+            timeout=600,
+        )
     lines = (where / "rank-0.steps").read_text().splitlines()
     stamps = [float(x.split()[1]) for x in lines if x.startswith("t ")]
     return [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
@@ -79,15 +84,21 @@ def main(argv: list[str] | None = None) -> int:
             steps = one_run(torchrun, profile, out / f"{mode}-{r}", a.steps, mode == "pinned")
             runs[mode].append(steps)
             first, rest = statistics.median(steps[:20]), statistics.median(steps[20:])
-            print(f"round {r} {mode:8s} first 20 steps {first * 1e3:6.1f} ms, "
-                  f"the rest {rest * 1e3:6.1f} ms")  # fmt: skip
+            print(
+                f"round {r} {mode:8s} first 20 steps {first * 1e3:6.1f} ms, "
+                f"the rest {rest * 1e3:6.1f} ms"
+            )
     (out / "raw.json").write_text(json.dumps({"args": vars(a), "steps": runs}))
     med = {m: statistics.median(statistics.median(s) for s in runs[m]) for m in runs}
-    pairs = [statistics.median(d) / statistics.median(q)
-             for d, q in zip(runs["dynamic"], runs["pinned"], strict=True)]  # fmt: skip
-    print(f"median step: dynamic {med['dynamic'] * 1e3:.1f} ms, pinned {med['pinned'] * 1e3:.1f}"
-          f" ms; dynamic / pinned {med['dynamic'] / med['pinned']:.2f}x "
-          f"(rounds {min(pairs):.2f}-{max(pairs):.2f}x)")  # fmt: skip
+    pairs = [
+        statistics.median(d) / statistics.median(q)
+        for d, q in zip(runs["dynamic"], runs["pinned"], strict=True)
+    ]
+    print(
+        f"median step: dynamic {med['dynamic'] * 1e3:.1f} ms, pinned {med['pinned'] * 1e3:.1f}"
+        f" ms; dynamic / pinned {med['dynamic'] / med['pinned']:.2f}x "
+        f"(rounds {min(pairs):.2f}-{max(pairs):.2f}x)"
+    )
     return 0
 
 

@@ -70,8 +70,9 @@ def main() -> None:
         scaler = profile.grad_scaler(device.type)
         label = "profile"
     sampler = torch.utils.data.DistributedSampler(wl.dataset, drop_last=True)
-    loader = torch.utils.data.DataLoader(wl.dataset, sampler=sampler, drop_last=True,
-                                         **loader_kwargs)  # fmt: skip
+    loader = torch.utils.data.DataLoader(
+        wl.dataset, sampler=sampler, drop_last=True, **loader_kwargs
+    )
     optimizer = wl.optimizer(ddp.parameters())
     micro = loader_kwargs["batch_size"]
 
@@ -108,9 +109,16 @@ def main() -> None:
             break
     rate = samples / (now - timed_from)
     if dist.get_rank() == 0:
-        print(json.dumps({"run": label, "samples_per_s": round(rate, 1),
-                          "loss": round(loss.item() * accum, 4),
-                          "env": {k: os.environ.get(k) for k in profile.env}}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "run": label,
+                    "samples_per_s": round(rate, 1),
+                    "loss": round(loss.item() * accum, 4),
+                    "env": {k: os.environ.get(k) for k in profile.env},
+                }
+            )
+        )
     dist.destroy_process_group()
 
 

@@ -39,8 +39,17 @@ def tune(mode: str, budget: str, home: Path) -> Path:
     if mode == "default":
         cmd = [AUTOTUNE, "run", "--space", "default", "--budget", budget]
     else:
-        cmd = [AUTOTUNE, "run", "--global-batch", "128", "--budget", budget, "--",
-               *TORCHRUN, str(SCRIPT)]  # fmt: skip
+        cmd = [
+            AUTOTUNE,
+            "run",
+            "--global-batch",
+            "128",
+            "--budget",
+            budget,
+            "--",
+            *TORCHRUN,
+            str(SCRIPT),
+        ]
     env = {**os.environ, "AUTOTUNE_HOME": str(home)}
     p = subprocess.run(cmd, cwd=home, env=env, capture_output=True, text=True)
     if p.returncode != 0:
@@ -55,8 +64,19 @@ def tune(mode: str, budget: str, home: Path) -> Path:
 def compare(profile: Path, rounds: int, home: Path) -> dict[str, Any]:
     """``autotune compare asis PROFILE -- torchrun ... mlp_script.py``: its JSON output."""
     out = home / "compare.json"
-    cmd = [AUTOTUNE, "compare", "asis", str(profile), "--rounds", str(rounds), "-o", str(out),
-           "--", *TORCHRUN, str(SCRIPT)]  # fmt: skip
+    cmd = [
+        AUTOTUNE,
+        "compare",
+        "asis",
+        str(profile),
+        "--rounds",
+        str(rounds),
+        "-o",
+        str(out),
+        "--",
+        *TORCHRUN,
+        str(SCRIPT),
+    ]
     env = {**os.environ, "AUTOTUNE_HOME": str(home)}
     p = subprocess.run(cmd, cwd=home, env=env, capture_output=True, text=True)
     if p.returncode != 0:
@@ -102,8 +122,11 @@ def main() -> int:
     for _ in range(a.repeats):
         r = one(a.mode, a.budget, a.rounds)
         rows.append(r)
-        ours = ("not measured: " + str(r["not_measured"])) if not r["run_as_today"] else (
-            "{1:.3f}x [{0:.3f}, {2:.3f}]".format(*r["run_as_today"]))  # fmt: skip
+        ours = (
+            ("not measured: " + str(r["not_measured"]))
+            if not r["run_as_today"]
+            else ("{1:.3f}x [{0:.3f}, {2:.3f}]".format(*r["run_as_today"]))
+        )
         user = "{1:.3f}x [{0:.3f}, {2:.3f}]".format(*r["user_ratio"])
         off = f"{r['off_by']:+.1%}" if "off_by" in r else "-"
         print(f"| {a.mode} | {ours} | {user} | {off} |", flush=True)

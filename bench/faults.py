@@ -22,19 +22,30 @@ from autotune.core.target import Target
 from autotune.definition.space import SearchSpace
 from autotune.launch.launcher import TrialRunner
 
-TARGET = Target(backend="gloo", device="cpu", world_size=2, global_batch=32, cpus_per_rank=1,
-                bf16=True)  # fmt: skip
+TARGET = Target(
+    backend="gloo", device="cpu", world_size=2, global_batch=32, cpus_per_rank=1, bf16=True
+)
 HANG_TIMEOUT_S = 10.0
 
 FAULTS = [  # (name, trainer, options, extra config, runner kwargs)
-    ("rank stuck in a collective", "hanging", {}, {"num_workers": 1, "prefetch_factor": 2},
-     {"timeout_s": HANG_TIMEOUT_S}),
+    (
+        "rank stuck in a collective",
+        "hanging",
+        {},
+        {"num_workers": 1, "prefetch_factor": 2},
+        {"timeout_s": HANG_TIMEOUT_S},
+    ),
     ("rank raises", "raising_with_pids", {}, {}, {}),
     ("NaN loss", "nan_loss", {}, {}, {}),
-    ("host memory over --max-memory 1GiB", "memory_hog", {"mib": 1536}, {},
-     {"max_memory_mb": 1024}),
+    (
+        "host memory over --max-memory 1GiB",
+        "memory_hog",
+        {"mib": 1536},
+        {},
+        {"max_memory_mb": 1024},
+    ),
     ("CUDA out of memory (simulated)", "cuda_oom", {}, {}, {}),
-]  # fmt: skip
+]
 
 
 def alive(pid: int) -> bool:
@@ -47,8 +58,13 @@ def alive(pid: int) -> bool:
 
 def main() -> None:
     env = {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}  # ranks import the test trainers
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-             runtime_env={"env_vars": env})  # fmt: skip
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level="ERROR",
+        runtime_env={"env_vars": env},
+    )
     runner = TrialRunner(world_size=2, backend="gloo")
     space = SearchSpace.load("default").resolve(TARGET)
     print("| fault | recorded as | seconds to verdict | processes alive 10 s later |")
@@ -61,10 +77,15 @@ def main() -> None:
             options = {**options, "pid_dir": pid_dir}
             started = time.monotonic()
             try:
-                runner.run(trial=0, trainer=f"autotune_test_trainers:{trainer}",
-                           trainer_options=options, config=config,
-                           measure=MeasureSettings(min_warmup_steps=2, window_s=0.3), seed=0,
-                           **kwargs)  # fmt: skip
+                runner.run(
+                    trial=0,
+                    trainer=f"autotune_test_trainers:{trainer}",
+                    trainer_options=options,
+                    config=config,
+                    measure=MeasureSettings(min_warmup_steps=2, window_s=0.3),
+                    seed=0,
+                    **kwargs,
+                )
                 verdict = "COMPLETE (fault not detected)"
             except TrialFailed as e:
                 verdict = f"FAIL `{e.reason}`"

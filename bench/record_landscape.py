@@ -151,10 +151,16 @@ def main() -> None:
 
         def first_measurement(r: TrialRunner) -> dict[str, Any]:
             def run(trial: int, config: TrialConfig, limit: dict[str, Any]) -> Any:
-                return r.run(trial=trial, trainer=d.trainer,
-                             trainer_options=dict(d.trainer_options), config=config,
-                             measure=d.measure, seed=d.seed or 0, timeout_s=600,
-                             limit=limit)  # fmt: skip
+                return r.run(
+                    trial=trial,
+                    trainer=d.trainer,
+                    trainer_options=dict(d.trainer_options),
+                    config=config,
+                    measure=d.measure,
+                    seed=d.seed or 0,
+                    timeout_s=600,
+                    limit=limit,
+                )
 
             rec = probe_one(run, 0, base_cfg, device=hw["device"])
             rec["measured_at"] = time.strftime("%Y-%m-%d")

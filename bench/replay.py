@@ -104,11 +104,21 @@ def one(job: tuple[str, str, int, int, float, bool, int | None, bool]) -> dict[s
         evidence=evidence,
         early_stop=early_stop,
     )
-    return {"strategy": strategy, "seed": seed, "exported": r.exported, "value": r.value,
-            "share": r.share, "trials": r.trials, "seconds": r.seconds,
-            "efficiency": r.timed_s / r.seconds if r.seconds else 0.0, "found_s": r.found_s,
-            "found_trials": r.found_trials, "search_s": r.search_s, "stop": r.stop,
-            "used": r.seconds / budget}  # fmt: skip
+    return {
+        "strategy": strategy,
+        "seed": seed,
+        "exported": r.exported,
+        "value": r.value,
+        "share": r.share,
+        "trials": r.trials,
+        "seconds": r.seconds,
+        "efficiency": r.timed_s / r.seconds if r.seconds else 0.0,
+        "found_s": r.found_s,
+        "found_trials": r.found_trials,
+        "search_s": r.search_s,
+        "stop": r.stop,
+        "used": r.seconds / budget,
+    }
 
 
 def run_all(
@@ -142,35 +152,61 @@ def main() -> None:
     land = Landscape.load(a.landscape)
     best, value = land.oracle()
     base = land.value(land.baseline_key)
-    print(f"landscape {a.landscape}: {len(land.runs)} points; oracle {best} {value:.1f} "
-          f"samples/s ({value / base:.2f}x the defaults' {base:.1f}); cold first baseline "
-          f"{land.cold_ratio:.2f}x the warm one")  # fmt: skip
+    print(
+        f"landscape {a.landscape}: {len(land.runs)} points; oracle {best} {value:.1f} "
+        f"samples/s ({value / base:.2f}x the defaults' {base:.1f}); cold first baseline "
+        f"{land.cold_ratio:.2f}x the warm one"
+    )
     started = time.monotonic()
     results = run_all(
-        a.landscape, strategies, a.seeds, a.trials, a.budget, a.cold_first, a.jobs,
-        a.rerun_windows, not a.no_early_stop,
-    )  # fmt: skip
+        a.landscape,
+        strategies,
+        a.seeds,
+        a.trials,
+        a.budget,
+        a.cold_first,
+        a.jobs,
+        a.rerun_windows,
+        not a.no_early_stop,
+    )
     table = summarise(results)
-    print(f"{a.seeds} seeds x {len(strategies)} strategies, {a.trials} trials each, "
-          f"{time.monotonic() - started:.0f} s")  # fmt: skip
-    head = ["strategy", "median share", "p10 share", ">=0.98", "vs random (W/T/L)", "beats",
-            "trials", "to 0.98: trials / s", "budget used", "stops", "efficiency"]  # fmt: skip
+    print(
+        f"{a.seeds} seeds x {len(strategies)} strategies, {a.trials} trials each, "
+        f"{time.monotonic() - started:.0f} s"
+    )
+    head = [
+        "strategy",
+        "median share",
+        "p10 share",
+        ">=0.98",
+        "vs random (W/T/L)",
+        "beats",
+        "trials",
+        "to 0.98: trials / s",
+        "budget used",
+        "stops",
+        "efficiency",
+    ]
     print(" | ".join(head))
     found = time_to_found(results)
     for name, row in table.items():
         vs = f"{row['wins']}/{row['ties']}/{row['losses']}" if "wins" in row else "-"
         beats = f"{row['win_share']:.0%}" if row.get("win_share") is not None else "-"
         f = found[name]
-        print(f"{name} | {row['median_share']:.3f} | {row['p10_share']:.3f} | "
-              f"{row['at_98']:.0%} | {vs} | {beats} | {row['median_trials']} | "
-              f"{f['trials']} / {f['seconds']} | {f['used']:.0%} | {f['stops']} | "
-              f"{row.get('median_efficiency', 0):.0%}")  # fmt: skip
+        print(
+            f"{name} | {row['median_share']:.3f} | {row['p10_share']:.3f} | "
+            f"{row['at_98']:.0%} | {vs} | {beats} | {row['median_trials']} | "
+            f"{f['trials']} / {f['seconds']} | {f['used']:.0%} | {f['stops']} | "
+            f"{row.get('median_efficiency', 0):.0%}"
+        )
     shipped = table.get("screen+tpe")
     if shipped and "win_share" in shipped:
-        print(f"goals (screen+tpe): median share {shipped['median_share']:.3f} >= {GOAL_SHARE}: "
-              f"{'met' if shipped['median_share'] >= GOAL_SHARE else 'not met'}; beats random "
-              f"search in {shipped['win_share']:.0%} of seeds >= {GOAL_WINS:.0%}: "
-              f"{'met' if shipped['win_share'] >= GOAL_WINS else 'not met'}")  # fmt: skip
+        print(
+            f"goals (screen+tpe): median share {shipped['median_share']:.3f} >= {GOAL_SHARE}: "
+            f"{'met' if shipped['median_share'] >= GOAL_SHARE else 'not met'}; beats random "
+            f"search in {shipped['win_share']:.0%} of seeds >= {GOAL_WINS:.0%}: "
+            f"{'met' if shipped['win_share'] >= GOAL_WINS else 'not met'}"
+        )
     fixed, rnd = found.get("screen+tpe"), found.get("random")
     if fixed and rnd and rnd["seconds_raw"] not in (None, math.inf):
         half = fixed["seconds_raw"] <= rnd["seconds_raw"] / 2
@@ -179,8 +215,9 @@ def main() -> None:
             f"half of random search's {rnd['seconds']} s: {'met' if half else 'not met'}"
         )
     if a.out:
-        Path(a.out).write_text(json.dumps({"summary": table, "found": found, "runs": results},
-                                          indent=1))  # fmt: skip
+        Path(a.out).write_text(
+            json.dumps({"summary": table, "found": found, "runs": results}, indent=1)
+        )
 
 
 def time_to_found(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -47,8 +47,9 @@ def refused(out: Path, torchrun: str | None) -> bool:
         print(f"error: --out {out}: not empty; pick a new folder or remove it", file=sys.stderr)
         return True
     if torchrun is None:
-        print("error: torchrun is not on PATH; activate the environment with torch",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "error: torchrun is not on PATH; activate the environment with torch", file=sys.stderr
+        )
         return True
     out.mkdir(parents=True, exist_ok=True)
     return False

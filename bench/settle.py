@@ -62,14 +62,27 @@ def record(study: str, trials: int, steps: int) -> list[dict[str, Any]]:
     d = StudyDefinition.load(study)
     opts = dict(d.trainer_options)
     world = d.world_size or 2
-    target = Target(backend="gloo", device="cpu", world_size=world,
-                    global_batch=int(opts.get("global_batch", 128)), cpus_per_rank=1,
-                    bf16=False)  # fmt: skip
+    target = Target(
+        backend="gloo",
+        device="cpu",
+        world_size=world,
+        global_batch=int(opts.get("global_batch", 128)),
+        cpus_per_rank=1,
+        bf16=False,
+    )
     space = SearchSpace.load(d.space).resolve(target)
     # one step per window, exactly ``steps`` windows, a warm-up of exactly SEEN_FROM steps
-    each = MeasureSettings(min_warmup_steps=0, settle_window=1, settle_tol=1e9, window_s=1e-6,
-                           min_steps=1, max_steps=1, min_windows=steps, max_windows=steps,
-                           target_rel_half_width=1e-9)  # fmt: skip
+    each = MeasureSettings(
+        min_warmup_steps=0,
+        settle_window=1,
+        settle_tol=1e9,
+        window_s=1e-6,
+        min_steps=1,
+        max_steps=1,
+        min_windows=steps,
+        max_windows=steps,
+        target_rel_half_width=1e-9,
+    )
     conn = connect(None)
     runner = None
     out = []
@@ -81,8 +94,15 @@ def record(study: str, trials: int, steps: int) -> list[dict[str, Any]]:
                 runner = TrialRunner(world_size=world, backend="gloo")
             values = {**space.defaults(), **VARIANTS[i % len(VARIANTS)]}
             cfg = TrialConfig.from_values(values, target)
-            res = runner.run(trial=i, trainer=d.trainer, trainer_options=opts, config=cfg,
-                             measure=each, seed=0, timeout_s=300)  # fmt: skip
+            res = runner.run(
+                trial=i,
+                trainer=d.trainer,
+                trainer_options=opts,
+                config=cfg,
+                measure=each,
+                seed=0,
+                timeout_s=300,
+            )
             samples = cfg.global_batch
             row = {
                 "variant": VARIANTS[i % len(VARIANTS)],
@@ -91,8 +111,11 @@ def record(study: str, trials: int, steps: int) -> list[dict[str, Any]]:
                 "setup_s": max(r.setup_s - r.warmup_s for r in res.ranks),
             }
             out.append(row)
-            print(f"trial {i} reused={row['reused']} first steps "
-                  f"{[round(s, 3) for s in row['step_s'][:8]]}", flush=True)  # fmt: skip
+            print(
+                f"trial {i} reused={row['reused']} first steps "
+                f"{[round(s, 3) for s in row['step_s'][:8]]}",
+                flush=True,
+            )
     finally:
         if runner is not None:
             runner.close()
@@ -114,8 +137,9 @@ def judge(runs: list[dict[str, Any]], judge_n: int) -> list[dict[str, Any]]:
                 if window == 0:  # a fixed count, no settling
                     cut = min_steps
                 else:
-                    cut = SettleRule(window=window, rel_tol=tol, min_steps=min_steps,
-                                     max_steps=len(t)).settled_at(t)  # fmt: skip
+                    cut = SettleRule(
+                        window=window, rel_tol=tol, min_steps=min_steps, max_steps=len(t)
+                    ).settled_at(t)
                 if cut is None or cut + judge_n > len(t) - judge_n:
                     continue
                 after = statistics.median(t[cut : cut + judge_n])
@@ -124,15 +148,18 @@ def judge(runs: list[dict[str, Any]], judge_n: int) -> list[dict[str, Any]]:
                 biases.append(after / steady - 1)  # > 0: the judged steps are slower
             if not cuts:
                 continue
-            table.append({
-                "rule": f"min_steps={min_steps} window={window} rel_tol={tol}"
-                if window else f"a fixed {min_steps} steps",
-                "processes": "pooled" if reused else "fresh",
-                "runs": len(cuts),
-                "median_cut": statistics.median(cuts),
-                "median_bias": round(statistics.median(biases), 4),
-                "worst_bias": round(max(biases, key=abs), 4),
-            })  # fmt: skip
+            table.append(
+                {
+                    "rule": f"min_steps={min_steps} window={window} rel_tol={tol}"
+                    if window
+                    else f"a fixed {min_steps} steps",
+                    "processes": "pooled" if reused else "fresh",
+                    "runs": len(cuts),
+                    "median_cut": statistics.median(cuts),
+                    "median_bias": round(statistics.median(biases), 4),
+                    "worst_bias": round(max(biases, key=abs), 4),
+                }
+            )
     return table
 
 
@@ -147,8 +174,10 @@ def main() -> None:
     table = judge(runs, a.judge)
     print("rule | processes | runs | median warm-up steps | median bias | worst bias")
     for row in table:
-        print(f"{row['rule']} | {row['processes']} | {row['runs']} | {row['median_cut']} | "
-              f"{row['median_bias']:+.1%} | {row['worst_bias']:+.1%}")  # fmt: skip
+        print(
+            f"{row['rule']} | {row['processes']} | {row['runs']} | {row['median_cut']} | "
+            f"{row['median_bias']:+.1%} | {row['worst_bias']:+.1%}"
+        )
     if a.out and not a.analyse:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps({"runs": runs, "table": table}, indent=1))

@@ -304,15 +304,27 @@ def collect(a: argparse.Namespace, out: Path) -> dict[str, Any]:
         wanted = set(a.contenders.split(","))
         samplers = [s for s, name in (("tpe", "tuner"), ("random", "random")) if name in wanted]
         plan = [
-            (f"{'tuner' if s == 'tpe' else 'random'}-s{seed}", {"sampler": s, "seed": seed,
-             "budget_s": budget, "screening": s == "tpe"})
-            for seed in range(a.seeds) for s in samplers
-        ]  # fmt: skip
+            (
+                f"{'tuner' if s == 'tpe' else 'random'}-s{seed}",
+                {"sampler": s, "seed": seed, "budget_s": budget, "screening": s == "tpe"},
+            )
+            for seed in range(a.seeds)
+            for s in samplers
+        ]
         # (the oracle's profile is re-measured side by side; its limit is not needed)
         if "oracle" in wanted:
-            plan.append(("oracle", {"sampler": "grid", "seed": 0, "space": a.oracle_space,
-                                    "budget_s": parse_duration(a.oracle_budget),
-                                    "limit": False}))  # fmt: skip
+            plan.append(
+                (
+                    "oracle",
+                    {
+                        "sampler": "grid",
+                        "seed": 0,
+                        "space": a.oracle_space,
+                        "budget_s": parse_duration(a.oracle_budget),
+                        "limit": False,
+                    },
+                )
+            )
         for name, changes in plan:
             try:
                 raw["runs"].append(tuning_run(d, out, name, a.address, **changes))
@@ -418,8 +430,14 @@ def analyse(raw: dict[str, Any]) -> dict[str, Any]:
     tuners = [r for r in runs.values() if r["sampler"] == "tpe"]
     # ties: the same configuration exported; a loss whose interval holds 1 ties too for the
     # beats-or-ties goal (the two are not told apart by the noise)
-    vs_random = {"wins": 0, "beyond_noise": 0, "ties": 0, "losses": 0,
-                 "losses_beyond_noise": 0, "n/a": 0}  # fmt: skip
+    vs_random = {
+        "wins": 0,
+        "beyond_noise": 0,
+        "ties": 0,
+        "losses": 0,
+        "losses_beyond_noise": 0,
+        "n/a": 0,
+    }
     shares = []
     for r in tuners:
         rival = runs.get(f"random-s{r['seed']}")
@@ -487,9 +505,14 @@ def report(raw: dict[str, Any], result: dict[str, Any], out: Path) -> None:
             _fmt(row["vs_oracle"]),
         )
     runs_table = Table(
-        "run", "trials", "overhead (median)", "efficiency", "exported", "re-measured",
+        "run",
+        "trials",
+        "overhead (median)",
+        "efficiency",
+        "exported",
+        "re-measured",
         "of the ideal bound",
-    )  # fmt: skip
+    )
     for r in result["runs"]:
         exp, re = r["exported_speedup"], r["remeasured_speedup"]
         runs_table.add_row(
@@ -526,11 +549,29 @@ def report(raw: dict[str, Any], result: dict[str, Any], out: Path) -> None:
                     else [round(ci.median, 4), round(ci.low, 4), round(ci.high, 4)]
                 )
             w.writerow([row["contender"], row["measured_as"], *cells, row["failed"]])
-    run_cols = ["name", "sampler", "seed", "budget_s", "wall_s", "trials", "complete", "pruned",
-                "failed", "overhead_median_s", "timed_s", "efficiency", "search_best",
-                "search_best_speedup", "exported_speedup", "exported_defaults", "share_of_ideal",
-                "remeasured_speedup", "reproduces", "first_baseline",
-                "first_baseline_ratio"]  # fmt: skip
+    run_cols = [
+        "name",
+        "sampler",
+        "seed",
+        "budget_s",
+        "wall_s",
+        "trials",
+        "complete",
+        "pruned",
+        "failed",
+        "overhead_median_s",
+        "timed_s",
+        "efficiency",
+        "search_best",
+        "search_best_speedup",
+        "exported_speedup",
+        "exported_defaults",
+        "share_of_ideal",
+        "remeasured_speedup",
+        "reproduces",
+        "first_baseline",
+        "first_baseline_ratio",
+    ]
     with open(out / "runs.csv", "w", newline="") as f:
         w = csv.DictWriter(f, run_cols, extrasaction="ignore")
         w.writeheader()

@@ -2,10 +2,10 @@
 
     python docs/screenshots.py     # ~4 minutes: docs/images/{live.svg,report.png,dashboard.png}
 
-1. ``autotune run --space default --budget 3m`` (the README's run) runs in this process on a real local Ray
-   instance with real gloo ranks. Its display is the command's own (``progress.RunView``) on a
-   recording rich console; after the fourth trial, the log so far and the live status under it
-   are drawn to ``live.svg``.
+1. ``autotune run --space default --budget 3m`` (the README's run) runs in this process on a
+   real local Ray instance with real gloo ranks. Its display is the command's own
+   (``progress.RunView``) on a recording rich console; after the fourth trial, the log so far
+   and the live status under it are drawn to ``live.svg``.
 2. ``autotune report`` (the installed command) writes that study's page, and headless Chromium
    takes a picture of its first screen: ``report.png``.
 3. ``autotune dashboard`` serves the study, and Chromium takes a picture of its trials page:
@@ -82,8 +82,15 @@ def live_picture(home: Path, out: Path):
                 screen.print(view.status())
                 screen.save_svg(str(out / "live.svg"), title="autotune run")
 
-    req = RunRequest(definition=d, run_dir=home, study_name=None, storage_url=None,
-                     address=None, profile_path=None, sigterm=False)  # fmt: skip
+    req = RunRequest(
+        definition=d,
+        run_dir=home,
+        study_name=None,
+        storage_url=None,
+        address=None,
+        profile_path=None,
+        sigterm=False,
+    )
     with view:
         summary = run(req, emit=emit)
     return summary.study_name, summary.study
@@ -109,9 +116,16 @@ def browser():
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                "--disable-background-networking", "--disable-dev-shm-usage",
-                "--window-size=1300,900", "--hide-scrollbars"):  # fmt: skip
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-dev-shm-usage",
+        "--window-size=1300,900",
+        "--hide-scrollbars",
+    ):
         options.add_argument(arg)
     os.environ["SE_OFFLINE"] = "true"
     return webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
@@ -135,8 +149,12 @@ def main() -> int:
         if (why := found(record)) is not None:
             print(f"screenshots: {why}; the images are left as they are: run it again")
             return 1
-        subprocess.run([AUTOTUNE, "report", "--study-name", study, "-o", f"{tmp}/report"],
-                       env=env, check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [AUTOTUNE, "report", "--study-name", study, "-o", f"{tmp}/report"],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
         port = free_port()
         command = [AUTOTUNE, "dashboard", "--study-name", study, "--port", str(port)]
         server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)

@@ -166,10 +166,9 @@ def in_process(
 
     import optuna
     import optuna_dashboard
-
-    from autotune.cli import dashboard as dashboard_gate
     import ray
 
+    from autotune.cli import dashboard as dashboard_gate
     from autotune.cli import main as cli_main
 
     out, err = io.StringIO(), io.StringIO()
@@ -182,8 +181,15 @@ def in_process(
     saved_handlers = list(logging.root.handlers)
     saved_verbosity = optuna.logging.get_verbosity()
     saved_bytecode = sys.dont_write_bytecode
-    guarded = [(ray, "init"), (os, "execvpe"), (os, "execvp"), (os, "execve"), (os, "execv"),
-               (optuna_dashboard, "run_server"), (dashboard_gate, "serve")]  # fmt: skip
+    guarded = [
+        (ray, "init"),
+        (os, "execvpe"),
+        (os, "execvp"),
+        (os, "execve"),
+        (os, "execv"),
+        (optuna_dashboard, "run_server"),
+        (dashboard_gate, "serve"),
+    ]
     originals = [
         (obj, name, getattr(obj, name)) for obj, name in [*guarded, (ray, "is_initialized")]
     ]
@@ -212,8 +218,12 @@ def in_process(
             contextlib.redirect_stderr(err),
         ):
             warnings.resetwarnings()  # Python's own defaults, not pytest's collection
-            for quiet in (DeprecationWarning, PendingDeprecationWarning, ImportWarning,
-                          ResourceWarning):  # fmt: skip
+            for quiet in (
+                DeprecationWarning,
+                PendingDeprecationWarning,
+                ImportWarning,
+                ResourceWarning,
+            ):
                 warnings.simplefilter("ignore", quiet)
             warnings.showwarning = show
             try:
@@ -250,8 +260,9 @@ def cli(tmp_path):
     override it)."""
 
     def run(*args: str, cwd=None, env: Mapping[str, str] | None = None) -> Ran:
-        return in_process(*args, cwd=cwd, env={"AUTOTUNE_HOME": str(tmp_path / "home"),
-                                               **(env or {})})  # fmt: skip
+        return in_process(
+            *args, cwd=cwd, env={"AUTOTUNE_HOME": str(tmp_path / "home"), **(env or {})}
+        )
 
     return run
 
@@ -270,8 +281,14 @@ def console_script(
 
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "AUTOTUNE_"))}
     clean["PYTHONDONTWRITEBYTECODE"] = "1"
-    p = subprocess.run(autotune_cmd(*args), cwd=cwd, env={**clean, **(env or {})},
-                       capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    p = subprocess.run(
+        autotune_cmd(*args),
+        cwd=cwd,
+        env={**clean, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return Ran(p.returncode, p.stdout, p.stderr)
 
 
@@ -282,10 +299,14 @@ def started_run(env, *args: str, cwd=None, after_trials: int = 1):
     import subprocess
 
     p = subprocess.Popen(
-        autotune_cmd("run", *args), env=env, cwd=cwd, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
+        autotune_cmd("run", *args),
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    )
     seen = 0
     for line in p.stdout:
         seen += "samples/s" in line

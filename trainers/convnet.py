@@ -29,15 +29,20 @@ class SyntheticImages(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
-        small = torch.randint(0, 256, (3, self.size // 4, self.size // 4), generator=g,
-                              dtype=torch.uint8)  # fmt: skip
+        small = torch.randint(
+            0, 256, (3, self.size // 4, self.size // 4), generator=g, dtype=torch.uint8
+        )
         # The label is a property of the picture (its brightest channel), so there is something
         # to learn and the loss falls.
         label = int(small.float().mean(dim=(1, 2)).argmax()) % self.classes
         # "Decode": upsample to full size plus margin, then blur passes.
         full = self.size + 2 * PAD
-        img = F.interpolate(small.float().div(255).unsqueeze(0), size=(full, full),
-                            mode="bilinear", align_corners=False)  # fmt: skip
+        img = F.interpolate(
+            small.float().div(255).unsqueeze(0),
+            size=(full, full),
+            mode="bilinear",
+            align_corners=False,
+        )
         for _ in range(self.decode_passes):
             img = F.avg_pool2d(img, 3, stride=1, padding=1)
         # Augment: random crop and horizontal flip; normalise.
@@ -100,7 +105,7 @@ def workload(
         model=lambda: resnet(width, blocks, classes),
         dataset=SyntheticImages(
             length=samples, size=size, classes=classes, decode_passes=decode_passes, seed=seed
-        ),  # fmt: skip
+        ),
         loss=F.cross_entropy,
         optimizer=lambda params: torch.optim.SGD(params, lr=lr, momentum=0.9),
         global_batch=global_batch,

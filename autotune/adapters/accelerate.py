@@ -144,15 +144,20 @@ def snippet(profile: Profile) -> str:
     if state:
         args.append(f"    comm_state_option={state!r},")
     lines += ["", "ddp = DistributedDataParallelKwargs(", *args, ")"]
-    lines += ["accelerator = Accelerator(",
-              f"    mixed_precision={MIXED_PRECISION[profile.precision]!r},",
-              f"    gradient_accumulation_steps={steps},",
-              "    kwargs_handlers=[ddp],", ")"]  # fmt: skip
+    lines += [
+        "accelerator = Accelerator(",
+        f"    mixed_precision={MIXED_PRECISION[profile.precision]!r},",
+        f"    gradient_accumulation_steps={steps},",
+        "    kwargs_handlers=[ddp],",
+        ")",
+    ]
     if profile.precision == "tf32":
         lines += TF32_LINES
     data = ", ".join(f"{k}={v!r}" for k, v in dataloader_kwargs(profile).items())
-    lines += [f"train_loader = DataLoader(dataset, shuffle=True, {data})",
-              "# model, optimizer, train_loader = accelerator.prepare(model, optimizer, "
-              "train_loader)",
-              "# each micro-step inside `with accelerator.accumulate(model):`", ""]  # fmt: skip
+    lines += [
+        f"train_loader = DataLoader(dataset, shuffle=True, {data})",
+        "# model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)",
+        "# each micro-step inside `with accelerator.accumulate(model):`",
+        "",
+    ]
     return "\n".join([*lines, *mapping(profile).comment()]) + "\n"

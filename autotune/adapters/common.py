@@ -258,6 +258,11 @@ def header(profile: Profile, framework: str, fmt: str) -> list[str]:
         "# The environment is not a framework argument: start the job with",
         f"#   autotune launch {PROFILE_FILE} -- torchrun --nproc-per-node N train.py",
         f'# or, in a shell or SLURM script:  eval "$(autotune env {PROFILE_FILE})"',
-        *textwrap.wrap(f"It sets: {env}", COMMENT_WIDTH, initial_indent="# ",
-                       subsequent_indent="#   ", break_on_hyphens=False),
-    ]  # fmt: skip
+        *textwrap.wrap(
+            f"It sets: {env}",
+            COMMENT_WIDTH,
+            initial_indent="# ",
+            subsequent_indent="#   ",
+            break_on_hyphens=False,
+        ),
+    ]

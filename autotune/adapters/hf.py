@@ -52,8 +52,10 @@ COMPILE_HOW = (
     "gain holds for the latter only; measure the former before relying on it"
 )
 #: The data knob -> its ``TrainingArguments`` field.
-DATA_FIELDS = {k: f"dataloader_{k}" for k in ("num_workers", "pin_memory", "prefetch_factor",
-                                              "persistent_workers")}  # fmt: skip
+DATA_FIELDS = {
+    k: f"dataloader_{k}"
+    for k in ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+}
 
 
 def training_arguments_kwargs(profile: Profile, world_size: int | None = None) -> dict[str, Any]:
@@ -127,15 +129,20 @@ def snippet(profile: Profile) -> str:
     comments."""
     kw = training_arguments_kwargs(profile)
     lines = [*header(profile, "Hugging Face Trainer", "hf-trainer"), ""]
-    lines += ["from accelerate.utils import DDPCommunicationHookType",
-              "from transformers import Trainer, TrainingArguments", "",
-              "args = TrainingArguments(", '    output_dir="out",',
-              *(f"    {k}={v!r}," for k, v in kw.items()),
-              "    # max_steps=..., learning_rate=..., ...", ")",
-              "trainer = Trainer(model=model, args=args, train_dataset=dataset)",
-              "# No TrainingArguments field for these: set them on the Trainer's Accelerator,",
-              "# which wraps the model in DistributedDataParallel in trainer.train().",
-              "ddp = trainer.accelerator.ddp_handler"]  # fmt: skip
+    lines += [
+        "from accelerate.utils import DDPCommunicationHookType",
+        "from transformers import Trainer, TrainingArguments",
+        "",
+        "args = TrainingArguments(",
+        '    output_dir="out",',
+        *(f"    {k}={v!r}," for k, v in kw.items()),
+        "    # max_steps=..., learning_rate=..., ...",
+        ")",
+        "trainer = Trainer(model=model, args=args, train_dataset=dataset)",
+        "# No TrainingArguments field for these: set them on the Trainer's Accelerator,",
+        "# which wraps the model in DistributedDataParallel in trainer.train().",
+        "ddp = trainer.accelerator.ddp_handler",
+    ]
     extra = acc.ddp_kwargs(profile)
     lines.append(f"ddp.gradient_as_bucket_view = {extra['gradient_as_bucket_view']!r}")
     lines.append(f"ddp.comm_hook = DDPCommunicationHookType.{extra['comm_hook']}")

@@ -125,9 +125,11 @@ def snippet(profile: Profile) -> str:
     hook = profile.ddp["comm_hook"]
     _, steps = batch(profile)
     lines = [*header(profile, "Lightning", "lightning"), ""]
-    lines += ["from lightning.pytorch import Trainer",
-              "from lightning.pytorch.strategies import DDPStrategy",
-              "from torch.utils.data import DataLoader"]  # fmt: skip
+    lines += [
+        "from lightning.pytorch import Trainer",
+        "from lightning.pytorch.strategies import DDPStrategy",
+        "from torch.utils.data import DataLoader",
+    ]
     hook_lines = _hook_kwargs(hook)
     if hook["name"] != "none":
         lines.append(HOOK_IMPORT)
@@ -140,11 +142,14 @@ def snippet(profile: Profile) -> str:
         *hook_lines,
         ")",
     ]
-    lines += ["trainer = Trainer(", "    strategy=strategy,",
-              f"    precision={PRECISION[profile.precision]!r},",
-              f"    accumulate_grad_batches={steps},",
-              "    # accelerator=..., devices=..., num_nodes=..., max_steps=..., callbacks=...",
-              ")"]  # fmt: skip
+    lines += [
+        "trainer = Trainer(",
+        "    strategy=strategy,",
+        f"    precision={PRECISION[profile.precision]!r},",
+        f"    accumulate_grad_batches={steps},",
+        "    # accelerator=..., devices=..., num_nodes=..., max_steps=..., callbacks=...",
+        ")",
+    ]
     if profile.precision == "tf32":
         lines += TF32_LINES
     data = ", ".join(f"{k}={v!r}" for k, v in dataloader_kwargs(profile).items())

@@ -11,12 +11,13 @@ the browser's later requests, the page's own API calls included, carry the cooki
 with neither the token nor the cookie gets 403 and a one-line page saying what to open. The
 token is compared in constant time. It is the server's process's, for its life only.
 
-Served as ``optuna_dashboard.run_server`` serves it, on the host and port the command checked
+Served by the standard library's WSGI server, on the host and port the command checked
 (``cli.study.check_listen``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import secrets
 from collections.abc import Callable, Iterable
@@ -78,10 +79,17 @@ class TokenGate:
 
 
 def serve(url: str, *, host: str, port: int, token: str) -> None:
-    """optuna-dashboard for the storage at ``url`` behind the gate, until interrupted: served
-    as ``optuna_dashboard.run_server`` serves it (bottle's ``run``, which takes any WSGI
-    application)."""
-    from bottle import run
+    """optuna-dashboard for the storage at ``url`` behind the gate, until interrupted (Ctrl-C
+    ends it quietly, as ``optuna_dashboard.run_server`` does): the standard library's WSGI
+    server, as optuna-dashboard's own uses, without a log line per request."""
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
     from optuna_dashboard import wsgi
 
-    run(TokenGate(wsgi(url), token), host=host, port=port)
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+            pass
+
+    with make_server(host, port, TokenGate(wsgi(url), token), handler_class=Quiet) as server:
+        with contextlib.suppress(KeyboardInterrupt):
+            server.serve_forever()

@@ -58,20 +58,31 @@ def add_output(p: Any, what: str, *, old: Sequence[str] = ()) -> None:
     """``-o/--output PATH`` (and ``old`` spellings of it): where the command writes."""
     deprecated = "".join(f"; {o} is its old spelling, deprecated" for o in old)
     p.add_argument(
-        "-o", "--output", *old, dest="output", type=Path, metavar="PATH", action=Renamed,
-        old=old, help=f"{what}{deprecated}",
-    )  # fmt: skip
+        "-o",
+        "--output",
+        *old,
+        dest="output",
+        type=Path,
+        metavar="PATH",
+        action=Renamed,
+        old=old,
+        help=f"{what}{deprecated}",
+    )
 
 
 def add_study_source(p: argparse.ArgumentParser, study_help: str) -> None:
     """``--study-name`` (and its old spelling ``--study``), ``--storage`` and ``--run-dir``:
     which stored study a command reads, and where."""
     p.add_argument(
-        "--study-name", "--study", dest="study_name", metavar="NAME", action=Renamed,
+        "--study-name",
+        "--study",
+        dest="study_name",
+        metavar="NAME",
+        action=Renamed,
         old=("--study",),
         help=f"{study_help}; --study is its old spelling here, deprecated (--study names a "
         f"study definition, in run)",
-    )  # fmt: skip
+    )
     p.add_argument("--storage", metavar="URL", help=STORAGE_HELP)
     p.add_argument("--run-dir", type=Path, metavar="DIR", help=RUN_DIR_HELP)
 

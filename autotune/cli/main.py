@@ -80,14 +80,19 @@ def version_line() -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="autotune", description=DESCRIPTION, epilog=EPILOG)
     p.add_argument(
-        "--version", action="version", version=version_line(),
+        "--version",
+        action="version",
+        version=version_line(),
         help="print the release and the versions a bug report needs, and exit",
-    )  # fmt: skip
+    )
     p.set_defaults(action=grammar.print_help_of(p))  # bare `autotune`: the help, exit 0
     sub = p.add_subparsers(
-        dest="command", title="commands", metavar="COMMAND", parser_class=Parser,
+        dest="command",
+        title="commands",
+        metavar="COMMAND",
+        parser_class=Parser,
         help="`autotune COMMAND --help` describes one",
-    )  # fmt: skip
+    )
     _add_run(sub)
     cli_study.add_commands(sub)
     cli_tools.add_commands(sub)

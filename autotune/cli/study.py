@@ -76,15 +76,17 @@ def add_commands(sub: Any) -> None:
     )
     add_study_source(db, "print the address of this study's page (the server shows every study)")
     db.add_argument(
-        "--host", default="127.0.0.1",
+        "--host",
+        default="127.0.0.1",
         help="address to listen on (default 127.0.0.1); one beyond loopback needs --expose",
-    )  # fmt: skip
+    )
     db.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     db.add_argument(
-        "--expose", action="store_true",
+        "--expose",
+        action="store_true",
         help="allow a --host beyond loopback: optuna-dashboard has no authentication, and "
         "anyone who reaches it can delete and rename studies",
-    )  # fmt: skip
+    )
     db.set_defaults(action=cmd_dashboard)
 
 
@@ -139,8 +141,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         check_writable(args.output, flag="--output", directory=False)
     if args.from_profile is not None:
         if args.format == "profile":
-            raise ConfigError("--from: it gives a framework's snippet; add --format lightning, "
-                              "accelerate or hf-trainer")  # fmt: skip
+            raise ConfigError(
+                "--from: it gives a framework's snippet; add --format lightning, "
+                "accelerate or hf-trainer"
+            )
         return _write_snippet(render(Profile.load(args.from_profile), args.format), args.output)
     url = storage_url(args)
     study = load_study(url, only_study(url, args.study_name, "export"))

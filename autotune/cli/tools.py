@@ -34,9 +34,11 @@ def add_commands(sub: Any) -> None:
     )
     la.add_argument("profile", type=Path, help="the profile YAML (autotune run's -o/--output)")
     la.add_argument(
-        "cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+        "cmd",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND ...",
         help="the command to become, after -- (e.g. -- torchrun --nproc-per-node 2 train.py)",
-    )  # fmt: skip
+    )
     la.set_defaults(action=cmd_launch)
 
     lab = sub.add_parser(
@@ -44,9 +46,12 @@ def add_commands(sub: Any) -> None:
     )
     lab.set_defaults(action=print_help_of(lab))  # bare `autotune lab`: its help, exit 0
     lab_sub = lab.add_subparsers(
-        dest="lab_command", title="lab commands", metavar="LAB_COMMAND", parser_class=type(lab),
+        dest="lab_command",
+        title="lab commands",
+        metavar="LAB_COMMAND",
+        parser_class=type(lab),
         help="`autotune lab LAB_COMMAND --help` describes one",
-    )  # fmt: skip
+    )
     lu = lab_sub.add_parser("up", help="build the lab and start Ray on every node (root)")
     lu.add_argument("--nodes", type=int, default=2, help="Ray nodes, one namespace each (2)")
     lu.add_argument("--rate", default="1gbit", help="each node's link, as tc writes it (1gbit)")
@@ -65,9 +70,11 @@ def add_commands(sub: Any) -> None:
     )
     le.add_argument("--node", type=int, default=0, help="which node's namespace (0: the head)")
     le.add_argument(
-        "cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...",
+        "cmd",
+        nargs=argparse.REMAINDER,
+        metavar="-- CMD ...",
         help="the command to run in the node's namespace, after --",
-    )  # fmt: skip
+    )
     le.set_defaults(action=cmd_lab)
 
     sp = sub.add_parser("spaces", help="list the built-in search spaces and the knobs they may use")

@@ -53,14 +53,20 @@ ALLOWED_ENV: Mapping[str, Knob] = {
     "OMP_NUM_THREADS": KNOBS["threads"],
     **{name: k for name, k in KNOBS.items() if k.section == "nccl"},
     allocator.MMAP_ENV: Knob(
-        name=allocator.MMAP_ENV, section="env", doc="glibc malloc's mmap threshold, pinned",
-        default=UNSET, legal=allocator.legal_mmap,
+        name=allocator.MMAP_ENV,
+        section="env",
+        doc="glibc malloc's mmap threshold, pinned",
+        default=UNSET,
+        legal=allocator.legal_mmap,
     ),
     allocator.TRIM_ENV: Knob(
-        name=allocator.TRIM_ENV, section="env", doc="glibc malloc's trim threshold, pinned",
-        default=UNSET, legal=allocator.legal_trim,
+        name=allocator.TRIM_ENV,
+        section="env",
+        doc="glibc malloc's trim threshold, pinned",
+        default=UNSET,
+        legal=allocator.legal_trim,
     ),
-}  # fmt: skip
+}
 #: DistributedDataParallel keyword arguments a configuration may carry.
 DDP_KEYS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "compile")
 #: A communication hook's keys.

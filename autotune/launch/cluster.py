@@ -184,10 +184,14 @@ def connect(address: str | None, *, trainer_dir: str | None = None) -> RayConnec
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise _refused(e, address, from_env) from None
     return RayConnection(
-        address=address, started_here=address is None, from_env=from_env, owner=owner,
+        address=address,
+        started_here=address is None,
+        from_env=from_env,
+        owner=owner,
         session_dir=context.address_info.get("session_dir") if owner else None,
-        reaper=reaper, private=private,
-    )  # fmt: skip
+        reaper=reaper,
+        private=private,
+    )
 
 
 def _init_kwargs(address: str | None, trainer_dir: str | None) -> dict[str, Any]:
@@ -338,6 +342,8 @@ def rank_plan(
     while trials is not None and fit(cpus) < trials and cpus > 1:
         cpus -= 1
     return RankPlan(
-        cpus_per_rank=cpus, ranks_per_node=per_node, trials_fit=max(1, fit(cpus)),
+        cpus_per_rank=cpus,
+        ranks_per_node=per_node,
+        trials_fit=max(1, fit(cpus)),
         nodes=len(nodes),
-    )  # fmt: skip
+    )

@@ -124,8 +124,10 @@ class RayMeasurer:
         new CUDA processes (10-12 s each, docs/gpu.md); off glibc (2.33 or newer) there is no
         pin to leave out, and no way to see that a process runs without it."""
         if self.runner.backend == "nccl" or (self.target and self.target.device == "cuda"):
-            return ("not measured on a GPU: the allocator pin acts on host memory only, and "
-                    "each run would need new CUDA processes")  # fmt: skip
+            return (
+                "not measured on a GPU: the allocator pin acts on host memory only, and "
+                "each run would need new CUDA processes"
+            )
         if not allocator.readable():
             return (
                 "the C library is not glibc 2.33 or newer: there is no allocator pin to leave out"

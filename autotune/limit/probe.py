@@ -163,9 +163,13 @@ def _untried(
     if config.comm_hook.get("name", "none") == "none":
         why = f"the all-reduce's bytes take {seconds(ev.surely_bytes_s)} of a {step} step"
         options.append(
-            (ev.compressed_surely(), "comm_hook", "compression (a comm hook: fp16 or PowerSGD)",
-             why)
-        )  # fmt: skip
+            (
+                ev.compressed_surely(),
+                "comm_hook",
+                "compression (a comm hook: fp16 or PowerSGD)",
+                why,
+            )
+        )
     if config.ddp.get("bucket_cap_mb", 25.0) == 25.0:
         why = f"{ev.buckets} all-reduces a step at {seconds(ev.smallest_s)} latency each"
         options.append(
@@ -173,24 +177,36 @@ def _untried(
         )
         why = f"{seconds(ev.exposed_s)} of communication sticks out of the backward"
         options.append(
-            (ev.more_overlap(SMALL_BUCKET_MB), "bucket_cap_mb",
-             "smaller buckets (the all-reduce starts earlier in backward)", why)
-        )  # fmt: skip
+            (
+                ev.more_overlap(SMALL_BUCKET_MB),
+                "bucket_cap_mb",
+                "smaller buckets (the all-reduce starts earlier in backward)",
+                why,
+            )
+        )
     if config.data.get("num_workers", 0) == 0:
         why = f"loading takes {seconds(ev.data_s)} of a {step} step"
         options.append(
-            (ev.off_the_loop(), "num_workers",
-             "the data pipeline (DataLoader workers, pinned memory)", why)
-        )  # fmt: skip
+            (
+                ev.off_the_loop(),
+                "num_workers",
+                "the data pipeline (DataLoader workers, pinned memory)",
+                why,
+            )
+        )
     if config.precision == "fp32":
         why = f"forward and backward take {seconds(ev.forward_s + ev.backward_s)} of a {step} step"
         options.append((ev.faster_compute(), "precision", "lower precision (bf16, TF32)", why))
     if free_batch and config.accumulation_steps == 1 and comm_bound:
         why = f"{seconds(ev.exposed_s)} of exposed communication a step"
         options.append(
-            (ev.speedup_if_saved(ev.exposed_s / 2), "micro_batch",
-             "accumulation (more samples per all-reduce)", why)
-        )  # fmt: skip
+            (
+                ev.speedup_if_saved(ev.exposed_s / 2),
+                "micro_batch",
+                "accumulation (more samples per all-reduce)",
+                why,
+            )
+        )
     return options
 
 
@@ -305,9 +321,7 @@ def probe_one(
         config=config.to_dict(),
         bounds=bounds(record),
         breakdown={k: round(v, 6) for k, v in breakdown(record).items()},
-        next=next_step(
-            record, config, free_batch=free_batch, device=device, ruled_out=ruled_out
-        ),  # fmt: skip
+        next=next_step(record, config, free_batch=free_batch, device=device, ruled_out=ruled_out),
         wall_s=round(time.monotonic() - t0, 2),
         trace=None if trace is None or not trace.exists() else str(trace),
     )
@@ -343,8 +357,9 @@ def measure_limit(
     for label, config in configs.items():
         if label in known:  # the defaults, probed right after the baseline trial
             try:  # a stored record may be someone else's: read it as the probe's, or probe
-                advice = next_step(known[label], config, free_batch=free_batch, device=device,
-                                   ruled_out=ruled_out)  # fmt: skip
+                advice = next_step(
+                    known[label], config, free_batch=free_batch, device=device, ruled_out=ruled_out
+                )
                 reused = {k: v for k, v in known[label].items() if k != "untraced"}  # said
                 out[label] = dict(reused, bounds=bounds(known[label]), next=advice)
                 continue
@@ -364,8 +379,10 @@ def measure_limit(
         except TrialFailed as e:
             out[label] = {"trial": trials[label], "failed": f"{e.reason.value}: {e.detail}"}
     out["cost_s"] = round(time.monotonic() - started, 2)
-    save(study, LimitRecord(baseline=out.get("baseline"), tuned=out.get("tuned"),
-                            cost_s=out["cost_s"]))  # fmt: skip
+    save(
+        study,
+        LimitRecord(baseline=out.get("baseline"), tuned=out.get("tuned"), cost_s=out["cost_s"]),
+    )
     failed = [
         f"{k}: {v['failed']}" for k, v in out.items() if isinstance(v, dict) and "failed" in v
     ]
@@ -380,5 +397,9 @@ def _say_untraced(probed: dict[str, Any], emit: Emit) -> None:
     for label, rec in probed.items():
         if isinstance(rec, dict) and rec.get("untraced"):
             which = {"baseline": "defaults", "tuned": "tuned configuration"}.get(label, label)
-            emit(Note(f"The limit probe of the {which} was taken again without its trace: "
-                      f"{rec['untraced']}"))  # fmt: skip
+            emit(
+                Note(
+                    f"The limit probe of the {which} was taken again without its trace: "
+                    f"{rec['untraced']}"
+                )
+            )

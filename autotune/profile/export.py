@@ -159,13 +159,17 @@ def study_profile(
     measured = _measured(study, best, base, front, budget_s)
     ablated_config = None
     if trial is not None:
-        measured.update(validation=None, note=f"trial {trial}, chosen by hand (autotune export "
-                                               f"--trial)")  # fmt: skip
+        measured.update(
+            validation=None, note=f"trial {trial}, chosen by hand (autotune export --trial)"
+        )
     elif multi:
-        measured.update(validation=None, note=(
-            f"--objective throughput,memory: {PARETO_RULE} ({len(front)} on the front, listed "
-            f"in pareto; `autotune export --trial N` writes another); not re-validated"
-        ))  # fmt: skip
+        measured.update(
+            validation=None,
+            note=(
+                f"--objective throughput,memory: {PARETO_RULE} ({len(front)} on the front, listed "
+                f"in pareto; `autotune export --trial N` writes another); not re-validated"
+            ),
+        )
     elif (checked := validation(study)) is not None and base is not None:
         best = _trial(study, checked.trials[checked.winner])
         measured.update(_validated(checked))
@@ -242,8 +246,10 @@ def _trial(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:
     """Trial ``number`` of ``study``, which a record names."""
     trials = study.get_trials(deepcopy=False)
     if not 0 <= number < len(trials):
-        raise ConfigError(f"study {study.study_name!r}: its re-validation names trial {number}, "
-                          f"which it does not have; export another study or trial")  # fmt: skip
+        raise ConfigError(
+            f"study {study.study_name!r}: its re-validation names trial {number}, "
+            f"which it does not have; export another study or trial"
+        )
     return trials[number]
 
 
@@ -346,8 +352,10 @@ def _profile(
     else:
         config = tr.config(best, where=where, fix=_FIX)
     if rec is None or not rec.workload or not rec.hardware:
-        raise ConfigError(f"study {study.study_name!r}: its autotune record lacks workload or "
-                          f"hardware; not a study autotune wrote")  # fmt: skip
+        raise ConfigError(
+            f"study {study.study_name!r}: its autotune record lacks workload or "
+            f"hardware; not a study autotune wrote"
+        )
     declared = rec.workload.get("global_batch")
     if config.global_batch != declared:
         measured["batch_changed"] = (

@@ -184,8 +184,10 @@ class Profile:
 
     def warn_if_hardware_differs(self) -> list[str]:
         for line in self.machine_warnings():
-            warnings.warn(f"profile {self.study.get('name')!r} asks more than this machine "
-                          f"has: {line}", stacklevel=3)  # fmt: skip
+            warnings.warn(
+                f"profile {self.study.get('name')!r} asks more than this machine has: {line}",
+                stacklevel=3,
+            )
         diffs = self.hardware_differences()
         if diffs:
             warnings.warn(

@@ -50,7 +50,7 @@ SECTIONS = {
         "nccl",
         "nvlink",
         "bf16_native",
-    ),  # fmt: skip
+    ),
     "measured": (
         "baseline_samples_per_s",
         "best_samples_per_s",
@@ -206,8 +206,9 @@ def _check_small(value: Any, where: str, depth: int) -> None:
     if not isinstance(value, (list, dict)):
         raise ConfigError(f"{where}: a {type(value).__name__}, not a number, text or flag")
     if depth <= 0:
-        raise ConfigError(f"{where}: must be a number, a short text or a flag, not a "
-                          f"{type(value).__name__}")  # fmt: skip
+        raise ConfigError(
+            f"{where}: must be a number, a short text or a flag, not a {type(value).__name__}"
+        )
     if len(value) > MAX_ITEMS:
         raise ConfigError(f"{where}: {len(value)} items; at most {MAX_ITEMS}")
     items = value.items() if isinstance(value, dict) else enumerate(value)

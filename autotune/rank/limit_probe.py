@@ -192,9 +192,9 @@ def probe_warmup(m: MeasureSettings) -> MeasureSettings:
     )
 
 
-def probe(s: Session, steps: int, settings: dict[str, Any]) -> tuple[
-    list[float], list[float], list[Any], dict[str, Any]
-]:  # fmt: skip
+def probe(
+    s: Session, steps: int, settings: dict[str, Any]
+) -> tuple[list[float], list[float], list[Any], dict[str, Any]]:
     """The probe (module doc): (samples/s of each DDP step over all ranks, the slowest rank's
     seconds of each, the losses, the record)."""
     steps = int(settings.get("steps") or min(max(2 * steps, MIN_STEPS), MAX_STEPS))
@@ -203,8 +203,9 @@ def probe(s: Session, steps: int, settings: dict[str, Any]) -> tuple[
     ddp, compute = _mean_phases(ddp_steps), _mean_phases(compute_steps)
     # The slowest rank's figures: the ranks wait for each other at every all-reduce.
     fits = len(comm["fit_s"])
-    worst = s.slowest([*ddp.values(), *compute.values(), comm["comm_s"], comm["last_bucket_s"],
-                       *comm["fit_s"]])  # fmt: skip
+    worst = s.slowest(
+        [*ddp.values(), *compute.values(), comm["comm_s"], comm["last_bucket_s"], *comm["fit_s"]]
+    )
     n = len(ddp)
     ddp = dict(zip(ddp, worst[:n], strict=True))
     compute = dict(zip(compute, worst[n : 2 * n], strict=True))

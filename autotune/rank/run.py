@@ -112,10 +112,19 @@ def _run_rank(spec: RankSpec, store: Any) -> RankResult:
         loss = float(torch.stack(losses).mean())
         if not math.isfinite(loss):
             raise NonFiniteLoss(f"loss is {loss} after {len(losses)} measured steps")
-        return _result(s, windows, seconds, steps, stop, loss, found,
-                       setup_s=setup_s, warmup_s=measure_started - warmup_started,
-                       warmup_steps=len(step_times),
-                       measure_s=time.perf_counter() - measure_started)  # fmt: skip
+        return _result(
+            s,
+            windows,
+            seconds,
+            steps,
+            stop,
+            loss,
+            found,
+            setup_s=setup_s,
+            warmup_s=measure_started - warmup_started,
+            warmup_steps=len(step_times),
+            measure_s=time.perf_counter() - measure_started,
+        )
 
 
 def _windows(s: Session, steps: int) -> tuple[list[float], list[float], list[Any], str]:
@@ -146,8 +155,16 @@ def _windows(s: Session, steps: int) -> tuple[list[float], list[float], list[Any
             return windows, seconds, losses, stop
 
 
-def _result(s: Session, windows: list[float], seconds: list[float], steps: int, stop: str,
-            loss: float, limit: dict[str, Any] | None, **timing: Any) -> RankResult:  # fmt: skip
+def _result(
+    s: Session,
+    windows: list[float],
+    seconds: list[float],
+    steps: int,
+    stop: str,
+    loss: float,
+    limit: dict[str, Any] | None,
+    **timing: Any,
+) -> RankResult:
     """The rank's result, with the settings read back from the live objects."""
     import torch
 

@@ -90,9 +90,13 @@ def listening_store(host: str, port: int = 0, timeout: timedelta | None = None) 
         sock.bind(addr)
         sock.listen(socket.SOMAXCONN)
         store = dist.TCPStore(
-            host, sock.getsockname()[1], is_master=True, wait_for_workers=False,
-            timeout=timeout or timedelta(seconds=300), master_listen_fd=sock.fileno(),
-        )  # fmt: skip
+            host,
+            sock.getsockname()[1],
+            is_master=True,
+            wait_for_workers=False,
+            timeout=timeout or timedelta(seconds=300),
+            master_listen_fd=sock.fileno(),
+        )
     except BaseException:
         sock.close()
         raise
@@ -327,9 +331,17 @@ def _prepare_process(spec: RankSpec) -> Any:
 
     cfg = spec.config
     # torchrun's variables, before any of the trainer's code runs
-    os.environ.update(torchrun_env(spec.rank, spec.world_size, spec.local_rank,
-                                   spec.local_world_size, spec.backend, spec.master_addr,
-                                   spec.master_port))  # fmt: skip
+    os.environ.update(
+        torchrun_env(
+            spec.rank,
+            spec.world_size,
+            spec.local_rank,
+            spec.local_world_size,
+            spec.backend,
+            spec.master_addr,
+            spec.master_port,
+        )
+    )
     apply.set_threads(cfg.threads)
     cuda = spec.backend == "nccl"
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
@@ -350,9 +362,13 @@ def _init_group(spec: RankSpec, store: Any) -> None:
         store = listening_store(spec.master_addr, spec.master_port, timeout)
     elif store is None:  # ranks > 0 connect to rank 0's store
         store = dist.TCPStore(
-            spec.master_addr, spec.master_port, spec.world_size, is_master=False,
-            timeout=timeout, wait_for_workers=False,
-        )  # fmt: skip
+            spec.master_addr,
+            spec.master_port,
+            spec.world_size,
+            is_master=False,
+            timeout=timeout,
+            wait_for_workers=False,
+        )
     store.set_timeout(timeout)
     dist.init_process_group(
         spec.backend, store=store, rank=spec.rank, world_size=spec.world_size, timeout=timeout

@@ -312,8 +312,15 @@ class LimitRecord:
 
 
 #: A probe's figures (``limit.probe.bounds``): numbers, the two that may be None apart.
-_BOUNDS = ("samples_per_s", "compute_ceiling", "ideal_bound", "share_of_ceiling",
-           "share_of_ideal", "comm_share", "exposed_comm_share")  # fmt: skip
+_BOUNDS = (
+    "samples_per_s",
+    "compute_ceiling",
+    "ideal_bound",
+    "share_of_ceiling",
+    "share_of_ideal",
+    "comm_share",
+    "exposed_comm_share",
+)
 _BOUNDS_OPTIONAL = ("hidden_share", "busbw_gbit_s")
 #: A probe's breakdown of the step (``limit.probe.breakdown``), in seconds.
 _PARTS = ("data", "forward", "backward", "exposed_comm", "optimizer")

@@ -248,13 +248,16 @@ def open_study(
         _check_resumable(study, name, url, d, directions, workload)
         check_study(study, url)
     trials_before = 0 if created else len(study.trials)
-    save(study, RunRecord(
-        version=1,
-        workload=workload,
-        hardware={k: hw.get(k) for k in SECTIONS["hardware"]},
-        space=space.to_mapping(),
-        left_out=[str(x) for x in space.dropped],
-    ))  # fmt: skip
+    save(
+        study,
+        RunRecord(
+            version=1,
+            workload=workload,
+            hardware={k: hw.get(k) for k in SECTIONS["hardware"]},
+            space=space.to_mapping(),
+            left_out=[str(x) for x in space.dropped],
+        ),
+    )
     closed = close_abandoned_trials(study, storage)
     if baseline_value(study) is None and not any(
         t.state in (TrialState.WAITING, TrialState.RUNNING) for t in baselines(study)

@@ -206,8 +206,10 @@ def config(t: AnyTrial, where: str | None = None, fix: str = STUDY_FIX) -> Trial
     raw = config_dict(t)
     where = where or f"trial {t.number}"
     if raw is None:
-        raise RecordError(f"study record {where}: no configuration stored; the study was "
-                          f"written by another program - use another --study-name")  # fmt: skip
+        raise RecordError(
+            f"study record {where}: no configuration stored; the study was "
+            f"written by another program - use another --study-name"
+        )
     return TrialConfig.from_dict(raw, where=where, fix=fix)
 
 
@@ -277,8 +279,11 @@ def reason_detail(t: AnyTrial) -> str:
 
 def drift_attrs(t: AnyTrial) -> dict[str, Any]:
     """The numerics guard's findings on ``t`` (``numerics_drift``, ``numerics_unjudged``)."""
-    return {k: t.user_attrs[k] for k in ("numerics_drift", "numerics_unjudged")
-            if isinstance(t.user_attrs.get(k), (int, float, str))}  # fmt: skip
+    return {
+        k: t.user_attrs[k]
+        for k in ("numerics_drift", "numerics_unjudged")
+        if isinstance(t.user_attrs.get(k), (int, float, str))
+    }
 
 
 def fp32_drift(t: AnyTrial) -> float | None:

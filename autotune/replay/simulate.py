@@ -101,8 +101,14 @@ class Landscape:
             ratio = first / warm
         meta = {k: v for k, v in raw.items() if k not in ("points", "grid", "first_measurement")}
         first = raw.get("first_measurement")
-        return cls(raw["grid"], runs, raw["baseline_key"], ratio, meta,
-                   first if isinstance(first, dict) else None)  # fmt: skip
+        return cls(
+            raw["grid"],
+            runs,
+            raw["baseline_key"],
+            ratio,
+            meta,
+            first if isinstance(first, dict) else None,
+        )
 
     def value(self, key: str) -> float:
         """A point's true throughput: the median of every window of every run of it."""
@@ -244,13 +250,33 @@ class ReplayMeasurer:
 
 
 #: What a probe's record holds (the landscape's first measurement adds its own figures).
-_PROBED = {"world_size", "samples_per_step", "accumulation_steps", "steps", "ddp", "compute",
-           "comm"}  # fmt: skip
+_PROBED = {
+    "world_size",
+    "samples_per_step",
+    "accumulation_steps",
+    "steps",
+    "ddp",
+    "compute",
+    "comm",
+}
 _EMPTY = RankResult(
-    rank=0, applied={}, pid=0, steps=0, samples=0, window_s=0.0, windows=[],
-    steps_per_window=0, warmup_steps=0, stop="cap", setup_s=0.0, warmup_s=0.0, measure_s=0.0,
-    loss=0.0, loss_curve=[], peak_memory_mb=0.0,
-)  # fmt: skip
+    rank=0,
+    applied={},
+    pid=0,
+    steps=0,
+    samples=0,
+    window_s=0.0,
+    windows=[],
+    steps_per_window=0,
+    warmup_steps=0,
+    stop="cap",
+    setup_s=0.0,
+    warmup_s=0.0,
+    measure_s=0.0,
+    loss=0.0,
+    loss_curve=[],
+    peak_memory_mb=0.0,
+)
 
 
 @dataclass(frozen=True)
@@ -304,17 +330,28 @@ def replay(
     (``MeasureSettings.rerun_windows``) instead of the study's. ``evidence``: order the
     screening by the landscape's first measurement (False: the listed order). ``early_stop``:
     the convergence stop (``--no-early-stop`` when False)."""
-    d = _definition(study, rerun_windows, sampler=sampler, seed=seed, n_trials=n_trials,
-                    budget_s=budget_s, validate_top=validate_top, screening=screening,
-                    patience=patience, ablate=ablation, early_stop=early_stop)  # fmt: skip
+    d = _definition(
+        study,
+        rerun_windows,
+        sampler=sampler,
+        seed=seed,
+        n_trials=n_trials,
+        budget_s=budget_s,
+        validate_top=validate_top,
+        screening=screening,
+        patience=patience,
+        ablate=ablation,
+        early_stop=early_stop,
+    )
     space = landscape.space().resolve(_target(landscape))
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     storage = storage or optuna.storages.InMemoryStorage()
     st, _ = open_study("replay", "", d, space, 128, {"device": "cpu"}, storage=storage)
     rng = random.Random(seed)
     measure = ReplayMeasurer(landscape, st, space, d, rng, cold_first=cold_first, evidence=evidence)
-    run = assemble(study=st, space=space, definition=d, measure=measure, emit=emit,
-                   clock=measure.now)  # fmt: skip
+    run = assemble(
+        study=st, space=space, definition=d, measure=measure, emit=emit, clock=measure.now
+    )
     run.search.run()
     search_s, oracle = measure.clock, landscape.oracle()[1]
     found_trials, found_s = _found(landscape, measure.log, oracle)

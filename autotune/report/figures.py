@@ -138,10 +138,16 @@ def speedup_figures(study: optuna.Study) -> tuple[Any, Any] | str:
         text = [f"{lb}: {y:.2f}x ({lo:.2f}-{h:.2f}x)" for lb, y, lo, h in rows]
         pf.add_trace(
             go.Scatter(
-                x=x, y=p["y"], mode="markers", name=name, error_y=bars,
-                marker_color=colour, text=text, hoverinfo="text",
+                x=x,
+                y=p["y"],
+                mode="markers",
+                name=name,
+                error_y=bars,
+                marker_color=colour,
+                text=text,
+                hoverinfo="text",
             )
-        )  # fmt: skip
+        )
         yerr = None if bars is None else [down, up]
         ax.errorbar(x, p["y"], yerr=yerr, fmt=marker, color=colour, label=name, capsize=3)
     pf.add_hline(y=1.0, line_dash="dash", line_color="gray", annotation_text="the defaults")
@@ -192,8 +198,13 @@ def limit_figures(study: optuna.Study) -> tuple[Any, Any] | str:
     ax.set_title(LIMIT_TITLE)
     ax.set_xlabel("ms per optimizer step")
     ax.invert_yaxis()
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35 - 0.1 * len(rows)), ncol=3,
-              fontsize=8, frameon=False)  # fmt: skip
+    ax.legend(
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.35 - 0.1 * len(rows)),
+        ncol=3,
+        fontsize=8,
+        frameon=False,
+    )
     return pf, ax
 
 
@@ -220,19 +231,38 @@ def limit_section(study: optuna.Study) -> str:
     def num(x: Any) -> str:
         return "" if not isinstance(x, (int, float)) else number(x)
 
-    head = ["", "samples/s", "compute ceiling", "share", "ideal-overlap bound", "share",
-            "communication", "hidden", "bus bandwidth", "next", "trace"]  # fmt: skip
+    head = [
+        "",
+        "samples/s",
+        "compute ceiling",
+        "share",
+        "ideal-overlap bound",
+        "share",
+        "communication",
+        "hidden",
+        "bus bandwidth",
+        "next",
+        "trace",
+    ]
     rows = []
     for label, rec in probes.items():
         b = rec.get("bounds") or {}
         bus = b.get("busbw_gbit_s")
-        rows.append([
-            LABELS[label], num(b.get("samples_per_s")), num(b.get("compute_ceiling")),
-            pct(b.get("share_of_ceiling")), num(b.get("ideal_bound")),
-            pct(b.get("share_of_ideal")), pct(b.get("comm_share")), pct(b.get("hidden_share")),
-            "" if bus is None else f"{number(bus, 3)} Gbit/s", rec.get("next", ""),
-            rec.get("trace") or "",
-        ])  # fmt: skip
+        rows.append(
+            [
+                LABELS[label],
+                num(b.get("samples_per_s")),
+                num(b.get("compute_ceiling")),
+                pct(b.get("share_of_ceiling")),
+                num(b.get("ideal_bound")),
+                pct(b.get("share_of_ideal")),
+                pct(b.get("comm_share")),
+                pct(b.get("hidden_share")),
+                "" if bus is None else f"{number(bus, 3)} Gbit/s",
+                rec.get("next", ""),
+                rec.get("trace") or "",
+            ]
+        )
     line = "" if limit is None else summary_line(limit.probes()) or ""
     cost = "?" if limit is None or limit.cost_s is None else number(limit.cost_s, 3)
     return (

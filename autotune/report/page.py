@@ -313,8 +313,9 @@ def _screening(study: optuna.Study) -> str:
     if not effects:
         return ""
     ranked = sorted(effects.items(), key=lambda kv: -(kv[1]["speedup"] or 0.0))
-    rows = [[k, _fmt(x["speedup"], ".3f"), _fmt(x.get("noise"), ".1%"), verdict(x)]
-            for k, x in ranked]  # fmt: skip
+    rows = [
+        [k, _fmt(x["speedup"], ".3f"), _fmt(x.get("noise"), ".1%"), verdict(x)] for k, x in ranked
+    ]
     return "<h2>Screening: each knob moved alone from the defaults</h2>" + html_table(
         ["knob", "speedup vs the defaults", "trial's noise (±)", "verdict"], rows
     )
@@ -334,8 +335,9 @@ def _figures(report: Report) -> list[str]:
 def _failed(study: optuna.Study, base: FrozenTrial | None) -> str:
     """Every FAIL trial: its reason, the detail, what it changed and its rank logs."""
     failed = study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-    rows = [[t.number, tr.reason(t), tr.reason_detail(t), _changed(t, base), tr.logs(t)]
-            for t in failed]  # fmt: skip
+    rows = [
+        [t.number, tr.reason(t), tr.reason_detail(t), _changed(t, base), tr.logs(t)] for t in failed
+    ]
     return f"<h2>Failed trials ({len(failed)})</h2>" + html_table(
         ["trial", "reason", "detail", "changed", "rank logs"], rows
     )

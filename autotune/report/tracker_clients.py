@@ -117,9 +117,14 @@ class RunResult:
     def tags(self) -> dict[str, str]:
         """The result's words, as text."""
         best = "" if self.best_trial is None else str(self.best_trial)
-        return {"result": self.headline, "profile": self.profile, "best_trial": best,
-                "validated": str(self.validated).lower(), "stopped": self.stopped,
-                "interrupted": str(self.interrupted).lower()}  # fmt: skip
+        return {
+            "result": self.headline,
+            "profile": self.profile,
+            "best_trial": best,
+            "validated": str(self.validated).lower(),
+            "stopped": self.stopped,
+            "interrupted": str(self.interrupted).lower(),
+        }
 
     def line(self) -> str:
         text = self.headline or "no profile exported"
@@ -197,8 +202,13 @@ class MlflowTracker:
         )
 
     def trial(self, rec: TrialRecord) -> None:
-        tags = {"mlflow.parentRunId": self.run, "autotune.kind": "trial", "state": rec.state,
-                "trial": str(rec.number), "baseline": str(rec.baseline).lower()}  # fmt: skip
+        tags = {
+            "mlflow.parentRunId": self.run,
+            "autotune.kind": "trial",
+            "state": rec.state,
+            "trial": str(rec.number),
+            "baseline": str(rec.baseline).lower(),
+        }
         if rec.state == "FAIL":
             tags.update(reason=rec.reason, reason_detail=rec.detail)
         name = f"trial {rec.number}" + (" (defaults)" if rec.baseline else "")
@@ -259,12 +269,25 @@ class WandbTracker:
         row.update({f"params/{k}": v for k, v in rec.flat_params().items()})
         self.run.log(row)
         m = rec.metrics
-        self.rows.append([rec.number, rec.state, rec.baseline, *(m.get(k) for k in TRIAL_METRICS),
-                          rec.reason, rec.detail, json.dumps(rec.params, default=str)])  # fmt: skip
+        self.rows.append(
+            [
+                rec.number,
+                rec.state,
+                rec.baseline,
+                *(m.get(k) for k in TRIAL_METRICS),
+                rec.reason,
+                rec.detail,
+                json.dumps(rec.params, default=str),
+            ]
+        )
 
     def result(self, res: RunResult) -> None:
-        self.run.summary.update({**{f"result/{k}": v for k, v in res.metrics.items()},
-                                 **{f"result/{k}": v for k, v in res.tags().items()}})  # fmt: skip
+        self.run.summary.update(
+            {
+                **{f"result/{k}": v for k, v in res.metrics.items()},
+                **{f"result/{k}": v for k, v in res.tags().items()},
+            }
+        )
 
     def close(self, status: str) -> None:
         if self.rows:

@@ -158,8 +158,12 @@ class Trackers:
             try:
                 client = open_client(name, study=study.study_name, run_dir=run_dir, config=settings)
             except Exception as e:  # noqa: BLE001 - a tracker never stops the run
-                self.emit(Note(f"--log-to {name}: {label} could not be opened ({_error(e)}); "
-                               "the run goes on without it"))  # fmt: skip
+                self.emit(
+                    Note(
+                        f"--log-to {name}: {label} could not be opened ({_error(e)}); "
+                        "the run goes on without it"
+                    )
+                )
                 continue
             self.clients[name] = client
             self.emit(Note(f"Logging each trial to {label}: {client.where}"))
@@ -207,8 +211,12 @@ class Trackers:
         except KeyboardInterrupt:  # Ctrl-C again: the run ends now, the trackers as they are
             return
         if thread.is_alive():
-            self.emit(Note(f"--log-to: the trackers did not finish writing within "
-                           f"{CLOSE_WAIT_S:.0f} s; the run ends without them"))  # fmt: skip
+            self.emit(
+                Note(
+                    f"--log-to: the trackers did not finish writing within "
+                    f"{CLOSE_WAIT_S:.0f} s; the run ends without them"
+                )
+            )
 
     def _work(self) -> None:
         pending: set[int] = set()  # trials said finished, their end not seen stored yet
@@ -268,8 +276,12 @@ class Trackers:
             except Exception as e:  # noqa: BLE001 - a tracker never stops the run
                 del self.clients[name]
                 label = TRACKERS[name][2] if name in TRACKERS else name
-                self.emit(Note(f"--log-to {name}: {label} failed ({_error(e)}); nothing more "
-                               "is logged to it, the run goes on"))  # fmt: skip
+                self.emit(
+                    Note(
+                        f"--log-to {name}: {label} failed ({_error(e)}); nothing more "
+                        "is logged to it, the run goes on"
+                    )
+                )
 
 
 def _error(e: BaseException) -> str:

@@ -91,8 +91,7 @@ def group_dir(own: str, mountinfo: list[str]) -> Path | None:
         fields = left.split()
         if len(fields) < 5 or not right.startswith("cgroup2 "):
             continue
-        root, point = (re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), f)
-                       for f in fields[3:5])  # fmt: skip
+        root, point = (re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), f) for f in fields[3:5])
         if root != "/" and own != root and not own.startswith(root + "/"):
             continue
         rel = own if root == "/" else own.removeprefix(root)

@@ -54,29 +54,61 @@ def add_compare_parser(sub: Any) -> None:
     )
     for names, kw in _options():
         c.add_argument(*names, **kw)
-    c.set_defaults(action=cmd_compare, compare_parser=c)  # fmt: skip
+    c.set_defaults(action=cmd_compare, compare_parser=c)
 
 
 def _options() -> list[tuple[tuple[str, ...], dict[str, Any]]]:
     """(names, add_argument's keywords) of each of compare's arguments."""
     batch = f"samples per optimizer step over all ranks (the profile's; needed for {AS_IS} {AS_IS})"
     return [
-        (("--rounds",), {"type": _rounds, "metavar": "N", "default": DEFAULT_ROUNDS,
-                         "help": f"rounds, each one run of A and one of B ({DEFAULT_ROUNDS})"}),
+        (
+            ("--rounds",),
+            {
+                "type": _rounds,
+                "metavar": "N",
+                "default": DEFAULT_ROUNDS,
+                "help": f"rounds, each one run of A and one of B ({DEFAULT_ROUNDS})",
+            },
+        ),
         (("--global-batch",), {"type": int, "metavar": "N", "help": batch}),
-        (("--study",), {"default": "default", "metavar": "NAME|FILE",
-                        "help": "the study definition whose measure: settings time each run"}),
-        (("--timeout",), {"default": "10m", "metavar": "DURATION",
-                          "help": "end a run not measured after this (10m)"}),
+        (
+            ("--study",),
+            {
+                "default": "default",
+                "metavar": "NAME|FILE",
+                "help": "the study definition whose measure: settings time each run",
+            },
+        ),
+        (
+            ("--timeout",),
+            {
+                "default": "10m",
+                "metavar": "DURATION",
+                "help": "end a run not measured after this (10m)",
+            },
+        ),
         (("--log-dir",), {"type": Path, "metavar": "DIR", "help": "keep each run's output here"}),
-        (("--address",), {"metavar": "HOST:PORT|auto",
-                           "help": "the Ray cluster whose nodes a torchrun over several nodes "
-                                   "(--nnodes N) runs on, as for autotune run"}),
-        (("-o", "--output"), {"type": Path, "metavar": "FILE",
-                              "help": "write the result here (.yaml or .json)"}),
-        (("words",), {"nargs": argparse.REMAINDER, "metavar": "A B -- COMMAND",
-                      "help": f"A and B: each a profile file or {AS_IS}"}),
-    ]  # fmt: skip
+        (
+            ("--address",),
+            {
+                "metavar": "HOST:PORT|auto",
+                "help": "the Ray cluster whose nodes a torchrun over several nodes "
+                "(--nnodes N) runs on, as for autotune run",
+            },
+        ),
+        (
+            ("-o", "--output"),
+            {"type": Path, "metavar": "FILE", "help": "write the result here (.yaml or .json)"},
+        ),
+        (
+            ("words",),
+            {
+                "nargs": argparse.REMAINDER,
+                "metavar": "A B -- COMMAND",
+                "help": f"A and B: each a profile file or {AS_IS}",
+            },
+        ),
+    ]
 
 
 def _rounds(text: str) -> int:
@@ -153,13 +185,17 @@ def load_arm(key: str, text: str, cwd: Path) -> Any:
 
     if text == AS_IS:
         if (cwd / AS_IS).exists():
-            raise _error(f"{key} {AS_IS!r} is the word for the job as it is, and a file {AS_IS} "
-                         f"is here too; write ./{AS_IS} for the file")  # fmt: skip
+            raise _error(
+                f"{key} {AS_IS!r} is the word for the job as it is, and a file {AS_IS} "
+                f"is here too; write ./{AS_IS} for the file"
+            )
         return None
     path = cwd / text
     if not path.exists():
-        raise _error(f"{key} {text}: no such file; give a profile (autotune run writes one) "
-                     f"or {AS_IS} for the job as it is")  # fmt: skip
+        raise _error(
+            f"{key} {text}: no such file; give a profile (autotune run writes one) "
+            f"or {AS_IS} for the job as it is"
+        )
     try:
         return Profile.load(path)
     except ConfigError as e:
@@ -174,10 +210,13 @@ def as_is_config(global_batch: int, world_size: int, backend: str) -> Any:
     from autotune.core.target import Target
 
     target = Target(
-        backend=backend, device="cuda" if backend == "nccl" else "cpu", world_size=world_size,
-        global_batch=global_batch, cpus_per_rank=max(1, (os.cpu_count() or 1) // world_size),
+        backend=backend,
+        device="cuda" if backend == "nccl" else "cpu",
+        world_size=world_size,
+        global_batch=global_batch,
+        cpus_per_rank=max(1, (os.cpu_count() or 1) // world_size),
         ranks_per_node=world_size,
-    )  # fmt: skip
+    )
     values = {name: k.default_for(target) for name, k in KNOBS.items()}
     return replace(TrialConfig.from_values(values, target), env={})
 
@@ -188,15 +227,21 @@ def _global_batch(given: int | None, profiles: dict[str, Any]) -> int:
     values = {p.batch["global_batch"] for p in profiles.values()}
     if given is not None:
         if given < 1 or values - {given}:
-            raise _error(f"--global-batch {given}: give the batch the profiles were measured at "
-                         f"({', '.join(sorted(batches))}), or leave it out")  # fmt: skip
+            raise _error(
+                f"--global-batch {given}: give the batch the profiles were measured at "
+                f"({', '.join(sorted(batches))}), or leave it out"
+            )
         return given
     if not values:
-        raise _error(f"give --global-batch N when A and B are both {AS_IS} (the samples per "
-                     "optimizer step over all ranks of your script)")  # fmt: skip
+        raise _error(
+            f"give --global-batch N when A and B are both {AS_IS} (the samples per "
+            "optimizer step over all ranks of your script)"
+        )
     if len(values) > 1:
-        raise _error(f"the profiles were measured at different global batches "
-                     f"({', '.join(sorted(batches))}): they are not the same job")  # fmt: skip
+        raise _error(
+            f"the profiles were measured at different global batches "
+            f"({', '.join(sorted(batches))}): they are not the same job"
+        )
     return values.pop()
 
 
@@ -240,8 +285,10 @@ def make_plan(args: argparse.Namespace, cwd: Path) -> Plan:
     for k, p in given.items():
         ranks = p.workload.get("world_size")
         if ranks not in (None, world):
-            raise _error(f"{k} was measured with {ranks} ranks and the command starts {world}: "
-                         "compare it where it was measured, or tune again")  # fmt: skip
+            raise _error(
+                f"{k} was measured with {ranks} ranks and the command starts {world}: "
+                "compare it where it was measured, or tune again"
+            )
     backend = next((p.workload.get("backend", "gloo") for p in given.values()), "gloo")
     arm_a, arm_b = (
         Arm(k, t, as_is_config(batch, world, backend) if p is None else p.trial_config(), p)
@@ -415,13 +462,24 @@ def summary(plan: Plan, runs: list[Run]) -> dict[str, Any]:
         "world_size": plan.world_size,
         "global_batch": plan.global_batch,
         "rounds": plan.rounds,
-        "arms": {a.key: {"name": a.name, "as_is": a.profile is None, "samples_per_s": per[a.key]}
-                 for a in plan.arms},
-        "runs": [{"round": r.round, "arm": r.key, "samples_per_s": _finite(r.samples_per_s),
-                  "interval": [_finite(x) for x in r.interval], "windows": r.windows,
-                  "stop": r.stop, "wall_s": round(r.wall_s, 2), "failure": r.failure or None}
-                 for r in runs],
-    }  # fmt: skip
+        "arms": {
+            a.key: {"name": a.name, "as_is": a.profile is None, "samples_per_s": per[a.key]}
+            for a in plan.arms
+        },
+        "runs": [
+            {
+                "round": r.round,
+                "arm": r.key,
+                "samples_per_s": _finite(r.samples_per_s),
+                "interval": [_finite(x) for x in r.interval],
+                "windows": r.windows,
+                "stop": r.stop,
+                "wall_s": round(r.wall_s, 2),
+                "failure": r.failure or None,
+            }
+            for r in runs
+        ],
+    }
     if len(done) == 2 * plan.rounds:
         r = ratio(per["A"], per["B"])
         out["ratio"] = {"b_over_a": r.to_dict(), "confidence": 0.95}
@@ -449,11 +507,15 @@ def _final_lines(plan: Plan, result: dict[str, Any]) -> list[str]:
     for arm in plan.arms:
         xs = sorted(result["arms"][arm.key]["samples_per_s"])
         what = " (the job as it is)" if arm.profile is None else ""
-        lines.append(f"{arm.key}  {arm.name}{what}: median {statistics.median(xs):.1f} samples/s, "
-                     f"runs {xs[0]:.1f}-{xs[-1]:.1f}")  # fmt: skip
+        lines.append(
+            f"{arm.key}  {arm.name}{what}: median {statistics.median(xs):.1f} samples/s, "
+            f"runs {xs[0]:.1f}-{xs[-1]:.1f}"
+        )
     r = result["ratio"]["b_over_a"]
-    lines.append(f"B/A  {r['median']:.3f}x [{r['low']:.3f}, {r['high']:.3f}] (95 % interval, "
-                 f"{r['n']} paired rounds)")  # fmt: skip
+    lines.append(
+        f"B/A  {r['median']:.3f}x [{r['low']:.3f}, {r['high']:.3f}] (95 % interval, "
+        f"{r['n']} paired rounds)"
+    )
     lines.append(result["verdict"])
     return lines
 
@@ -469,8 +531,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     for arm in plan.arms:
         for diff in [] if arm.profile is None else arm.profile.hardware_differences():
-            print(f"autotune: warning: {arm.key} measured on other hardware: {diff}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"autotune: warning: {arm.key} measured on other hardware: {diff}", file=sys.stderr
+            )
     names = ", ".join(f"{a.key} = {a.name}" for a in plan.arms)
     say(f"compare {names}: {plan.rounds} rounds of {' '.join(plan.command)}")
     Terminated.received = False
@@ -484,8 +547,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         write(plan.output, result)
     failed = next((r for r in runs if r.failure), None)
     if failed is not None:
-        print(f"autotune: compare: {failed.key} failed in round {failed.round}: {failed.failure}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"autotune: compare: {failed.key} failed in round {failed.round}: {failed.failure}",
+            file=sys.stderr,
+        )
         return 1
     for line in _final_lines(plan, result):
         say(line)

@@ -304,12 +304,20 @@ def _save_profile(config: TrialConfig, world_size: int, backend: str, path: Path
         config,
         where="trial",
         study={"name": "script-trial"},
-        workload={"trainer": "script", "world_size": world_size, "backend": backend,
-                  "global_batch": config.global_batch},
+        workload={
+            "trainer": "script",
+            "world_size": world_size,
+            "backend": backend,
+            "global_batch": config.global_batch,
+        },
         hardware={"device": "cuda" if backend == "nccl" else "cpu"},
-        measured={"baseline_samples_per_s": 1.0, "best_samples_per_s": 1.0, "speedup": 1.0,
-                  "note": "a trial's configuration, not a measured profile"},
-    )  # fmt: skip
+        measured={
+            "baseline_samples_per_s": 1.0,
+            "best_samples_per_s": 1.0,
+            "speedup": 1.0,
+            "note": "a trial's configuration, not a measured profile",
+        },
+    )
     return profile.save(path)
 
 
@@ -325,9 +333,14 @@ def _start(
     ``work`` if this process goes away first (``kill -9``)."""
     guarded = [sys.executable, "-c", GUARD_BOOT, str(os.getpid()), "--remove", str(work), "--"]
     return subprocess.Popen(  # noqa: S603 - the user's own command, as they typed it
-        [*guarded, *command], env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        [*guarded, *command],
+        env=env,
+        cwd=cwd,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def _rank_result(

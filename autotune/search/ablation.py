@@ -100,20 +100,37 @@ def ablate(
         configs[f"without {k}"] = TrialConfig.from_values(space.values_from_params(p), space.target)
     keys = list(configs)
     order = interleave(keys, rounds)
-    emit(Note(f"Ablating trial {number}: each of its {len(removable)} changed knobs set back to "
-              f"its default, {rounds} interleaved rounds ({len(order)} runs)"))  # fmt: skip
+    emit(
+        Note(
+            f"Ablating trial {number}: each of its {len(removable)} changed knobs set back to "
+            f"its default, {rounds} interleaved rounds ({len(order)} runs)"
+        )
+    )
     short = definition.measure.rerun()
-    done = measure_interleaved(keys, order, lambda key: measure(number, configs[key],
-                               measure=short), emit, essential=WINNER)  # fmt: skip
+    done = measure_interleaved(
+        keys,
+        order,
+        lambda key: measure(number, configs[key], measure=short),
+        emit,
+        essential=WINNER,
+    )
     if done is None:
         emit(Note("The winner failed during ablation: every knob it changes is kept"))
         return None
     runs, failed, timed_s = done
     contributions, together = _contributions(options, runs, failed, winner.params)
     values, dropped, joint = _drop_unproven(
-        space, winner.params, contributions, number, configs[WINNER], rounds, short, budget,
-        measure, emit,
-    )  # fmt: skip
+        space,
+        winner.params,
+        contributions,
+        number,
+        configs[WINNER],
+        rounds,
+        short,
+        budget,
+        measure,
+        emit,
+    )
     contributions.update(pin_contribution(validation))
     record = AblationRecord(
         trial=number,
@@ -207,16 +224,22 @@ def pin_contribution(validation: ValidationRecord) -> dict[str, Contribution]:
     low, med, high = today.pin.triple()
     also = [c for c in today.changes if c != "the allocator pin"]  # e.g. the threads differ
     with_ = f", together with {' and '.join(also)}" if also else ""
-    why = (f"not a knob: the defaults over your job as it runs today ({today.rounds} rounds, "
-           f"new processes{with_}); every configuration was measured with it")  # fmt: skip
+    why = (
+        f"not a knob: the defaults over your job as it runs today ({today.rounds} rounds, "
+        f"new processes{with_}); every configuration was measured with it"
+    )
     return {PIN: Contribution(value="on", kept=True, speedup=[low, med, high], why=why)}
 
 
 def _say(record: AblationRecord, emit: Emit) -> None:
     for k, c in record.contributions.items():
         if k == PIN and c.speedup is not None:
-            emit(Note(f"  {PIN}: {c.speedup[1]:.3f}x ({c.speedup[0]:.3f}-{c.speedup[2]:.3f}), "
-                      f"kept ({c.why})"))  # fmt: skip
+            emit(
+                Note(
+                    f"  {PIN}: {c.speedup[1]:.3f}x ({c.speedup[0]:.3f}-{c.speedup[2]:.3f}), "
+                    f"kept ({c.why})"
+                )
+            )
         elif c.speedup is not None:
             low, med, high = c.speedup
             verdict = "kept" if c.kept else "dropped: no gain beyond the noise"

@@ -65,11 +65,19 @@ def first_measurement(
         bar = max(ev.noise, HELPS)
         for p in skipped:
             if p.prior.compute_only and ev.bound != "compute":  # compile: compute-bound only
-                emit(Note(f"Not screened: {p.prior.label}: the step is {ev.bound}-bound, and it "
-                          "shortens only compute"))  # fmt: skip
+                emit(
+                    Note(
+                        f"Not screened: {p.prior.label}: the step is {ev.bound}-bound, and it "
+                        "shortens only compute"
+                    )
+                )
                 continue
-            emit(Note(f"Not screened: {p.prior.label}: at most {p.gain:.3f}x on this step, "
-                      f"within the noise (±{bar:.1%})"))  # fmt: skip
+            emit(
+                Note(
+                    f"Not screened: {p.prior.label}: at most {p.gain:.3f}x on this step, "
+                    f"within the noise (±{bar:.1%})"
+                )
+            )
     return ev
 
 
@@ -80,8 +88,12 @@ def _stored(study: optuna.Study, emit: Emit) -> Evidence | None:
             return None
         ev = Evidence.from_attrs(first.evidence)
     except (RecordError, ValueError) as e:
-        emit(Note(f"The study's stored first measurement is unreadable ({e}); measuring the "
-                  "defaults again"))  # fmt: skip
+        emit(
+            Note(
+                f"The study's stored first measurement is unreadable ({e}); measuring the "
+                "defaults again"
+            )
+        )
         return None
     emit(Note(f"First measurement (stored on the study): {ev.describe()}"))
     return ev
@@ -112,8 +124,12 @@ def _probe_defaults(
         emit(Note("No first measurement (--no-limit): screening in the priors' listed order"))
         return None
     if not getattr(measure, "can_probe", True):
-        emit(Note("No first measurement (this measurer has none): screening in the priors' "
-                  "listed order"))  # fmt: skip
+        emit(
+            Note(
+                "No first measurement (this measurer has none): screening in the priors' "
+                "listed order"
+            )
+        )
         return None
     base = baseline_trial(study)
     if base is None or base.state != TrialState.COMPLETE or budget.left_s() <= 0:
@@ -136,8 +152,12 @@ def _probe_defaults(
         )
         ev = Evidence.from_probe(record, device=device, noise=max(tr.rel_noise(base), HELPS))
     except (TrialFailed, KeyError, TypeError, ValueError, ZeroDivisionError) as e:
-        emit(Note(f"The first measurement failed ({type(e).__name__}: {e}): screening in the "
-                  "priors' listed order"))  # fmt: skip
+        emit(
+            Note(
+                f"The first measurement failed ({type(e).__name__}: {e}): screening in the "
+                "priors' listed order"
+            )
+        )
         return None
     save(study, FirstMeasurement(evidence=ev.to_attrs(), probe=record))
     if record.get("untraced"):

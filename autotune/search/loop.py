@@ -252,8 +252,10 @@ class Search:
             elif d.n_trials is not None and self._finished >= d.n_trials:
                 why = ("n_trials", f"--n-trials {d.n_trials}: {self._finished} trials run")
             elif d.patience is not None and self._stale >= d.patience:
-                why = ("patience", f"--patience {d.patience}: {self._stale} trials in a row "
-                       "did not beat the best")  # fmt: skip
+                why = (
+                    "patience",
+                    f"--patience {d.patience}: {self._stale} trials in a row did not beat the best",
+                )
             else:
                 return False
         self._stopped(*why)
@@ -308,12 +310,19 @@ class Search:
             return False
         why, failed = self._convergence.judge(self.study)
         if failed:
-            self.emit(Note(f"Convergence not judged: the GP over the trials failed ({failed}); "
-                           "the budget stops the search"))  # fmt: skip
+            self.emit(
+                Note(
+                    f"Convergence not judged: the GP over the trials failed ({failed}); "
+                    "the budget stops the search"
+                )
+            )
         if why is None:
             return False
-        self._stopped("converged", f"{why}; {self.budget.left_s():.0f} s of the budget "
-                      "returned (--no-early-stop searches on)")  # fmt: skip
+        self._stopped(
+            "converged",
+            f"{why}; {self.budget.left_s():.0f} s of the budget "
+            "returned (--no-early-stop searches on)",
+        )
         return True
 
     def _between_trials(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:

@@ -392,9 +392,10 @@ class Screening:
                 state=t.state.name,
                 speedup=None if speedup is None else round(speedup, 4),
                 interval=tr.interval_record(t),
-                helps=t.state == TrialState.COMPLETE and speedup is not None
+                helps=t.state == TrialState.COMPLETE
+                and speedup is not None
                 and speedup > 1 + HELPS,
                 moves={} if prior is None else dict(prior.moves),
                 reason="" if prior is None else prior.reason,
-            )  # fmt: skip
+            )
         return out

@@ -153,21 +153,32 @@ def revalidate(
         emit(ValidationDone(winner=None, reason="Every candidate failed: nothing to re-validate"))
         return None
     v = choose(runs, "baseline")
-    emit(ValidationDone(winner=v.winner, beats_baseline=v.beats_baseline, reason=v.reason,
-                        speedup=(v.speedup.low, v.speedup.median, v.speedup.high)))  # fmt: skip
-    record = read(ValidationRecord, {
-        **v.to_dict(),
-        "trials": {k: trials[k].number for k in runs},
-        "order": order,
-        "measurements": {k: [round(x, 2) for x in xs] for k, xs in runs.items()},
-        "failed": failed,
-        "timed_s": round(timed_s, 3),
-        "after_trial": max(t.number for t in study.get_trials(deepcopy=False)),
-    }, "validation")  # fmt: skip
+    emit(
+        ValidationDone(
+            winner=v.winner,
+            beats_baseline=v.beats_baseline,
+            reason=v.reason,
+            speedup=(v.speedup.low, v.speedup.median, v.speedup.high),
+        )
+    )
+    record = read(
+        ValidationRecord,
+        {
+            **v.to_dict(),
+            "trials": {k: trials[k].number for k in runs},
+            "order": order,
+            "measurements": {k: [round(x, 2) for x in xs] for k, xs in runs.items()},
+            "failed": failed,
+            "timed_s": round(timed_s, 3),
+            "after_trial": max(t.number for t in study.get_trials(deepcopy=False)),
+        },
+        "validation",
+    )
     save(study, record)  # kept whatever stops the comparison with the job as it runs today
     arms = {k: trials[k] for k in ("baseline", v.winner)}
-    today = against_today(measure, emit, arms, rounds=rounds, rerun=rerun, defaults=defaults,
-                          budget=budget)  # fmt: skip
+    today = against_today(
+        measure, emit, arms, rounds=rounds, rerun=rerun, defaults=defaults, budget=budget
+    )
     return record if today is None else _with_today(study, record, today, emit)
 
 
@@ -208,17 +219,23 @@ def against_today(
         return AsIsRecord(reason=today)
     keys = [TODAY, *arms]
     if rounds < 2:
-        return AsIsRecord(reason=f"not measured: the budget left holds no 2 rounds of its "
-                                 f"{len(keys)} runs in new processes")  # fmt: skip
+        return AsIsRecord(
+            reason=f"not measured: the budget left holds no 2 rounds of its "
+            f"{len(keys)} runs in new processes"
+        )
     configs = {TODAY: today, **{k: tr.config(t) for k, t in arms.items()}}
     said = {TODAY: {"allocator pin": "off", "threads": today.threads}}
     said.update({k: changed_knobs(t.params, defaults) for k, t in arms.items()})
     pinned: dict[str, bool | None] = {}
     failure: list[str] = []
     order = interleave(keys, rounds)
-    emit(Note(f"Measuring your job as it runs today against the defaults"
-              f"{'' if len(keys) == 2 else ' and ' + keys[-1]}: {rounds} interleaved rounds, "
-              f"every run in new processes ({len(order)} runs)"))  # fmt: skip
+    emit(
+        Note(
+            f"Measuring your job as it runs today against the defaults"
+            f"{'' if len(keys) == 2 else ' and ' + keys[-1]}: {rounds} interleaved rounds, "
+            f"every run in new processes ({len(order)} runs)"
+        )
+    )
 
     def run(key: str) -> TrialResult:
         emit(TrialStarted(tag=f"re-validating {key}", changes=said[key]))
@@ -235,11 +252,17 @@ def against_today(
     if done is None:
         return AsIsRecord(reason=f"not measured: its run failed ({failure[-1]})", order=order)
     runs, failed, timed_s = done
-    return AsIsRecord(rounds=rounds, order=order, failed=failed, changes=_added(today, base),
-                      pinned=pinned, timed_s=round(timed_s, 3),
-                      measurements={k: [round(x, 2) for x in xs] for k, xs in runs.items()},
-                      pin=_ratio(runs, "baseline", failed),
-                      today=_ratio(runs, keys[-1], failed))  # fmt: skip
+    return AsIsRecord(
+        rounds=rounds,
+        order=order,
+        failed=failed,
+        changes=_added(today, base),
+        pinned=pinned,
+        timed_s=round(timed_s, 3),
+        measurements={k: [round(x, 2) for x in xs] for k, xs in runs.items()},
+        pin=_ratio(runs, "baseline", failed),
+        today=_ratio(runs, keys[-1], failed),
+    )
 
 
 def _ratio(runs: dict[str, list[float]], key: str, failed: dict[str, str]) -> IntervalRecord | None:

@@ -75,9 +75,10 @@ def defaults_before(trials, number: int) -> list[float]:
     (a trial's speedup is against one of them: with concurrent trials or several drivers, the
     latest one done when it started)."""
     return [
-        s.user_attrs["throughput"] for s in trials
+        s.user_attrs["throughput"]
+        for s in trials
         if s.user_attrs.get("baseline") and s.state.name == "COMPLETE" and s.number < number
-    ]  # fmt: skip
+    ]
 
 
 def reference(trials, t) -> float:

@@ -27,8 +27,7 @@ def check_run_stopped_by_node_loss(p: subprocess.Popen, out: str, home: Path, st
     assert p.returncode == 1, out
     assert "stopped early: the Ray cluster lost capacity" in out
     assert "cannot place 2 ranks again within --node-wait 5s" in out
-    trials = optuna.load_study(study_name=study,
-                               storage=f"sqlite:///{home / 'autotune.db'}").trials  # fmt: skip
+    trials = optuna.load_study(study_name=study, storage=f"sqlite:///{home / 'autotune.db'}").trials
     assert trials[0].state == TrialState.COMPLETE
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     # The node died during a trial or between two (the pooled rank is found dead when the
@@ -83,16 +82,48 @@ def ray_cluster(cpus: list[int]) -> Iterator[dict]:
     env = {**os.environ, "RAY_AUTH_MODE": "token"}  # a joining node must present the token
     address = f"{node_ip()}:{port}"
     try:
-        subprocess.run([RAY, "start", "--head", "--port", str(port), "--temp-dir", temp,
-                        "--include-dashboard=false", "--num-cpus", str(cpus[0]),
-                        "--disable-usage-stats"],
-                       check=True, capture_output=True, timeout=120, env=env)  # fmt: skip
+        subprocess.run(
+            [
+                RAY,
+                "start",
+                "--head",
+                "--port",
+                str(port),
+                "--temp-dir",
+                temp,
+                "--include-dashboard=false",
+                "--num-cpus",
+                str(cpus[0]),
+                "--disable-usage-stats",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+            env=env,
+        )
         for n, wp in zip(cpus[1:], worker_ports, strict=True):
-            subprocess.run([RAY, "start", "--address", address, "--node-manager-port", str(wp),
-                            "--num-cpus", str(n), "--disable-usage-stats"],
-                           check=True, capture_output=True, timeout=120, env=env)  # fmt: skip
-        yield {"address": address, "env": env,
-               "worker_raylets": [f"--node_manager_port={wp}" for wp in worker_ports]}  # fmt: skip
+            subprocess.run(
+                [
+                    RAY,
+                    "start",
+                    "--address",
+                    address,
+                    "--node-manager-port",
+                    str(wp),
+                    "--num-cpus",
+                    str(n),
+                    "--disable-usage-stats",
+                ],
+                check=True,
+                capture_output=True,
+                timeout=120,
+                env=env,
+            )
+        yield {
+            "address": address,
+            "env": env,
+            "worker_raylets": [f"--node_manager_port={wp}" for wp in worker_ports],
+        }
     finally:
         kill_all(temp)  # every process of this cluster names its session directory
         for wp in worker_ports:

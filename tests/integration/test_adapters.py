@@ -27,8 +27,9 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.integration
 
 #: 2 ranks, 16 samples per rank per optimizer step: 32 in all.
-CPU = Target(backend="gloo", device="cpu", world_size=2, global_batch=32, cpus_per_rank=1,
-             bf16=True)  # fmt: skip
+CPU = Target(
+    backend="gloo", device="cpu", world_size=2, global_batch=32, cpus_per_rank=1, bf16=True
+)
 MIB = 2**20
 
 #: What every script shares: the tiny model that records the batch sizes it sees, the data,
@@ -169,11 +170,16 @@ def cpu_profile(path: Path, **changes) -> Profile:
     profile = Profile.from_config(
         TrialConfig.from_values(values, CPU),
         study={"name": "adapters", "best_trial": 1, "baseline_trial": 0},
-        workload={"trainer": "mlp", "options": {}, "world_size": 2, "backend": "gloo",
-                  "global_batch": CPU.global_batch},
+        workload={
+            "trainer": "mlp",
+            "options": {},
+            "world_size": 2,
+            "backend": "gloo",
+            "global_batch": CPU.global_batch,
+        },
         hardware={"device": "cpu"},
         measured={"baseline_samples_per_s": 1.0, "best_samples_per_s": 2.0, "speedup": 2.0},
-    )  # fmt: skip
+    )
     profile.save(path)
     return profile
 
@@ -183,10 +189,25 @@ def run_two_ranks(tmp_path: Path, body: str, profile: Path) -> dict:
     report."""
     script, out = tmp_path / "train.py", tmp_path / "report.json"
     script.write_text(COMMON + body)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
-           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           "2", str(script), str(profile), str(out), str(tmp_path / "out")]  # fmt: skip
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(REPO),
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(script),
+        str(profile),
+        str(out),
+        str(tmp_path / "out"),
+    ]
     p = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
     return json.loads(out.read_text())
@@ -195,8 +216,14 @@ def run_two_ranks(tmp_path: Path, body: str, profile: Path) -> dict:
 def test_lightning_trainer_runs_ddp_with_the_profiles_buckets_hook_and_accumulation(tmp_path):
     needs("lightning")
     path = tmp_path / "best.yaml"
-    cpu_profile(path, micro_batch=8, bucket_cap_mb=5.0, gradient_as_bucket_view=True,
-                comm_hook="fp16", precision="bf16")  # fmt: skip
+    cpu_profile(
+        path,
+        micro_batch=8,
+        bucket_cap_mb=5.0,
+        gradient_as_bucket_view=True,
+        comm_hook="fp16",
+        precision="bf16",
+    )
     got = run_two_ranks(tmp_path, LIGHTNING, path)
     assert got["type"] == "DistributedDataParallel"
     assert got["bucket_bytes"] == 5 * MIB and got["bucket_view"] is True
@@ -212,8 +239,7 @@ def test_accelerate_prepares_ddp_with_the_profiles_kwargs_hook_and_precision(tmp
     needs("accelerate")
     path = tmp_path / "best.yaml"
     # no accumulation: static_graph may be on
-    cpu_profile(path, bucket_cap_mb=10.0, static_graph=True, comm_hook="fp16",
-                precision="bf16")  # fmt: skip
+    cpu_profile(path, bucket_cap_mb=10.0, static_graph=True, comm_hook="fp16", precision="bf16")
     got = run_two_ranks(tmp_path, ACCELERATE, path)
     assert got["distributed"] == "DistributedType.MULTI_CPU"
     assert got["type"] == "DistributedDataParallel"
@@ -239,9 +265,16 @@ def test_hf_trainer_wraps_with_the_profiles_buckets_hook_and_dataloader(tmp_path
     needs("transformers")
     needs("accelerate")
     path = tmp_path / "best.yaml"
-    cpu_profile(path, micro_batch=8, bucket_cap_mb=5.0, gradient_as_bucket_view=True,
-                comm_hook="fp16", num_workers=1, prefetch_factor=3,
-                persistent_workers=True)  # fmt: skip
+    cpu_profile(
+        path,
+        micro_batch=8,
+        bucket_cap_mb=5.0,
+        gradient_as_bucket_view=True,
+        comm_hook="fp16",
+        num_workers=1,
+        prefetch_factor=3,
+        persistent_workers=True,
+    )
     got = run_two_ranks(tmp_path, HF, path)
     assert got["type"] == "DistributedDataParallel"
     assert got["bucket_bytes"] == 5 * MIB and got["find_unused"] is False

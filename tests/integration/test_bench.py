@@ -19,17 +19,37 @@ SCRIPT = REPO / "bench" / "side_by_side.py"
 
 
 def bench(env, *args, rc=0):
-    p = subprocess.run([sys.executable, str(SCRIPT), *args], env=env, cwd=REPO,
-                       capture_output=True, text=True, timeout=900)  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert p.returncode == rc, p.stdout[-3000:] + p.stderr[-3000:]
     return p
 
 
 def test_the_benchmark_runs_every_contender_and_writes_its_results(ray_address, run_env, tmp_path):
     out = tmp_path / "bench"
-    bench(run_env, "--study", "quick", "--budget", "12s", "--seeds", "1", "--rounds", "2",
-          "--oracle-space", str(REPO / "tests" / "integration" / "oracle_tiny.yaml"),
-          "--out", str(out), "--address", ray_address)  # fmt: skip
+    bench(
+        run_env,
+        "--study",
+        "quick",
+        "--budget",
+        "12s",
+        "--seeds",
+        "1",
+        "--rounds",
+        "2",
+        "--oracle-space",
+        str(REPO / "tests" / "integration" / "oracle_tiny.yaml"),
+        "--out",
+        str(out),
+        "--address",
+        ray_address,
+    )
     raw = json.loads((out / "raw.json").read_text())
     runs = {r["name"]: r for r in raw["runs"]}
     assert set(runs) == {"tuner-s0", "random-s0", "oracle"} and not raw["errors"]

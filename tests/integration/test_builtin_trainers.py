@@ -23,9 +23,23 @@ def test_builtin_trainer_tunes_end_to_end(trainer, ray_address, run_env, tmp_pat
     # --trainer replaces the quick study's MLP, and its options with these
     # A trial count, not a short budget, decides how many trials run: on a loaded machine a
     # 25-second budget held the baseline alone.
-    p = autotune(run_env, "run", "--study", "quick", "--trainer", trainer, *options,
-                 "--budget", "5m", "--n-trials", "3", "--validate-top", "0",
-                 "--address", ray_address)  # fmt: skip
+    p = autotune(
+        run_env,
+        "run",
+        "--study",
+        "quick",
+        "--trainer",
+        trainer,
+        *options,
+        "--budget",
+        "5m",
+        "--n-trials",
+        "3",
+        "--validate-top",
+        "0",
+        "--address",
+        ray_address,
+    )
     name = f"quick-{trainer}-gloo-2r"
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path}/home/autotune.db")
     record = study.user_attrs["autotune"]["workload"]

@@ -46,8 +46,20 @@ def example_script() -> str:
 
 
 def compare_cmd(*args: str) -> list[str]:
-    return [AUTOTUNE, "compare", "--study", "quick", *args, "--",
-            "torchrun", "--nproc-per-node", "2", "train.py", "--lr", "3e-4"]  # fmt: skip
+    return [
+        AUTOTUNE,
+        "compare",
+        "--study",
+        "quick",
+        *args,
+        "--",
+        "torchrun",
+        "--nproc-per-node",
+        "2",
+        "train.py",
+        "--lr",
+        "3e-4",
+    ]
 
 
 @pytest.fixture
@@ -58,31 +70,51 @@ def job(run_env, tmp_path):
     (tmp_path / "train.py").write_text(RECORD + example_script())
     write_profile(tmp_path / "best.yaml", global_batch=128, gradient_as_bucket_view=True)
     env = {k: v for k, v in run_env.items() if not k.startswith("MALLOC_")}
-    env.update(PATH=BIN + os.pathsep + env.get("PATH", ""), ENV_LOG=str(tmp_path / "env.log"),
-               USERS_OWN="kept")  # fmt: skip
+    env.update(
+        PATH=BIN + os.pathsep + env.get("PATH", ""),
+        ENV_LOG=str(tmp_path / "env.log"),
+        USERS_OWN="kept",
+    )
     return tmp_path, env
 
 
 def test_compare_asis_and_a_profile_on_the_example_script(job):
     where, env = job
-    p = subprocess.run(compare_cmd("--rounds", "2", "-o", "result.json", "asis", "best.yaml"),
-                       cwd=where, env=env, capture_output=True, text=True, timeout=500)  # fmt: skip
+    p = subprocess.run(
+        compare_cmd("--rounds", "2", "-o", "result.json", "asis", "best.yaml"),
+        cwd=where,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
-    runs = re.findall(r"^run (\d)/4  round (\d)  ([AB]) (\S+) +[\d.]+ samples/s \[[\d.]+, [\d.]+\]",
-                      p.stdout, re.M)  # fmt: skip
+    runs = re.findall(
+        r"^run (\d)/4  round (\d)  ([AB]) (\S+) +[\d.]+ samples/s \[[\d.]+, [\d.]+\]",
+        p.stdout,
+        re.M,
+    )
     # interleaved, each round one run of each side
-    assert runs == [("1", "1", "A", "asis"), ("2", "1", "B", "best.yaml"),
-                    ("3", "2", "B", "best.yaml"), ("4", "2", "A", "asis")], p.stdout  # fmt: skip
+    assert runs == [
+        ("1", "1", "A", "asis"),
+        ("2", "1", "B", "best.yaml"),
+        ("3", "2", "B", "best.yaml"),
+        ("4", "2", "A", "asis"),
+    ], p.stdout
     lines = p.stdout.strip().splitlines()
-    m = re.fullmatch(r"B/A  ([\d.]+)x \[([\d.]+), ([\d.]+)\] \(95 % interval, 2 paired rounds\)",
-                     lines[-2])  # fmt: skip
+    m = re.fullmatch(
+        r"B/A  ([\d.]+)x \[([\d.]+), ([\d.]+)\] \(95 % interval, 2 paired rounds\)", lines[-2]
+    )
     assert m, p.stdout
     point, low, high = map(float, m.groups())
     assert low <= point <= high
     # the verdict says the same interval to two decimals (rounded from the unrounded values,
     # so compared within 0.01 of the line above), and which side is faster by it
-    said = re.fullmatch(r"(B is |no difference beyond the noise \(B is )([\d.]+)x A "
-                        r"\[([\d.]+), ([\d.]+)\]\)?(: slower)?", lines[-1])  # fmt: skip
+    said = re.fullmatch(
+        r"(B is |no difference beyond the noise \(B is )([\d.]+)x A "
+        r"\[([\d.]+), ([\d.]+)\]\)?(: slower)?",
+        lines[-1],
+    )
     assert said, lines[-1]
     for shown, exact in zip(map(float, said.group(2, 3, 4)), (point, low, high), strict=True):
         assert abs(shown - exact) <= 0.01
@@ -127,10 +159,14 @@ def check_what_each_side_got(log: Path) -> None:
 def test_a_signal_during_a_run_ends_the_command_and_exits(job, sig, code, said):
     where, env = job
     p = subprocess.Popen(
-        compare_cmd("asis", "best.yaml"), cwd=where, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
+        compare_cmd("asis", "best.yaml"),
+        cwd=where,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's
-    )  # fmt: skip
+    )
     try:
         assert wait_for(lambda: (where / "env.log").exists(), 120)  # the first run's rank 0 is up
         p.send_signal(sig)
@@ -145,15 +181,27 @@ def test_a_signal_during_a_run_ends_the_command_and_exits(job, sig, code, said):
 
 def test_a_run_that_fails_stops_the_comparison_with_its_reason(run_env, tmp_path):
     # a command that exits at once (the world size read from its words, as from torchrun's)
-    crash = [sys.executable, "-c", "import sys; print('no data here'); sys.exit(3)",
-             "--nproc-per-node", "2"]  # fmt: skip
-    p = subprocess.run([AUTOTUNE, "compare", "--global-batch", "64", "-o", "r.yaml", "asis",
-                        "asis", "--", *crash], cwd=tmp_path, env=run_env, capture_output=True,
-                       text=True, timeout=120)  # fmt: skip
+    crash = [
+        sys.executable,
+        "-c",
+        "import sys; print('no data here'); sys.exit(3)",
+        "--nproc-per-node",
+        "2",
+    ]
+    p = subprocess.run(
+        [AUTOTUNE, "compare", "--global-batch", "64", "-o", "r.yaml", "asis", "asis", "--", *crash],
+        cwd=tmp_path,
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 1, p.stdout + p.stderr
     (line,) = [x for x in p.stdout.splitlines() if x.startswith("run ")]  # no second run
-    assert line.startswith("run 1/8  round 1  A asis  failed: crash: the command exited with "
-                           "status 3 before it was measured")  # fmt: skip
+    assert line.startswith(
+        "run 1/8  round 1  A asis  failed: crash: the command exited with "
+        "status 3 before it was measured"
+    )
     assert line.endswith(": no data here") and "B/A" not in p.stdout
     assert p.stderr.strip().splitlines()[-1].startswith("autotune: compare: A failed in round 1")
     result = yaml.safe_load((tmp_path / "r.yaml").read_text())

@@ -19,8 +19,15 @@ TRAINER = "autotune_test_trainers:tiny"
 
 
 def run(runner, cfg):
-    return runner.run(trial=0, trainer=TRAINER, trainer_options={}, config=cfg, measure=QUICK,
-                      seed=0, timeout_s=240)  # fmt: skip
+    return runner.run(
+        trial=0,
+        trainer=TRAINER,
+        trainer_options={},
+        config=cfg,
+        measure=QUICK,
+        seed=0,
+        timeout_s=240,
+    )
 
 
 def test_a_compiled_trial_compiles_in_its_first_steps_and_never_in_a_window(runner):

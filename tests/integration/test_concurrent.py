@@ -30,11 +30,27 @@ def test_two_trials_run_at_once_after_the_baseline(four_cpus, run_env):
     p = subprocess.run(
         # a trial count, not a 35-second budget: the baseline alone, then five trials two at
         # a time, however loaded the machine
-        autotune_cmd("run", "--study", "quick", "--budget", "5m", "--n-trials", "6", "--address",
-                     four_cpus["address"], "--concurrent-trials", "2", "--validate-top", "0",
-                     "--quiet"),
-        env=env, capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
+        autotune_cmd(
+            "run",
+            "--study",
+            "quick",
+            "--budget",
+            "5m",
+            "--n-trials",
+            "6",
+            "--address",
+            four_cpus["address"],
+            "--concurrent-trials",
+            "2",
+            "--validate-top",
+            "0",
+            "--quiet",
+        ),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     out = p.stdout + p.stderr
     assert p.returncode == 0, out
     assert "Measuring 2 trials at once, each in its own placement group" in out
@@ -68,10 +84,23 @@ def test_two_trials_run_at_once_after_the_baseline(four_cpus, run_env):
 def test_more_concurrent_trials_than_the_cluster_holds_is_refused(four_cpus, run_env):
     env = {**run_env, **four_cpus["env"]}
     p = subprocess.run(
-        autotune_cmd("run", "--study", "quick", "--budget", "30s", "--address",
-                     four_cpus["address"], "--concurrent-trials", "3", "--quiet"),
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        autotune_cmd(
+            "run",
+            "--study",
+            "quick",
+            "--budget",
+            "30s",
+            "--address",
+            four_cpus["address"],
+            "--concurrent-trials",
+            "3",
+            "--quiet",
+        ),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 2, p.stdout + p.stderr
     lines = p.stderr.strip().splitlines()
     assert lines[-1].startswith("autotune: error: --concurrent-trials 3: the Ray cluster holds 2")

@@ -99,8 +99,16 @@ def chain_trial(stop: Path, log_dir: Path, *, cgroup: bool, exits: bool = False)
     env = {**os.environ, CGROUP_ENV: "1" if cgroup else "0"}
     cmd = [sys.executable, str(CHAIN), str(stop), *(["--exit"] if exits else [])]
     with pytest.raises(TrialFailed) as e:
-        run_script(cmd, config(), world_size=2, measure=MeasureSettings(), timeout_s=60,
-                   wrap_wait_s=1, log_dir=log_dir, env=env)  # fmt: skip
+        run_script(
+            cmd,
+            config(),
+            world_size=2,
+            measure=MeasureSettings(),
+            timeout_s=60,
+            wrap_wait_s=1,
+            log_dir=log_dir,
+            env=env,
+        )
     assert e.value.reason == FailureReason.CRASH and "no step" in e.value.detail
     log = (log_dir / "script.log").read_text()
     assert "fork_chain: two chains started" in log  # the chains did run
@@ -133,10 +141,22 @@ def test_a_fork_chain_ends_when_the_guard_front_is_killed_with_minus_9(stop, tmp
     """H-S03: Ray SIGKILLs a dead worker's direct children, i.e. the guard's front: its
     keeper ends the chains alone."""
     log = (tmp_path / "guard.log").open("wb")
-    front = subprocess.Popen([sys.executable, "-m", "autotune.script.guard", str(os.getpid()),
-                              "--", sys.executable, str(CHAIN), str(stop)], cwd=REPO,
-                             stdout=log, stderr=subprocess.STDOUT,
-                             start_new_session=True)  # fmt: skip
+    front = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "autotune.script.guard",
+            str(os.getpid()),
+            "--",
+            sys.executable,
+            str(CHAIN),
+            str(stop),
+        ],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 30
     while None in beats(stop):
         assert time.monotonic() < deadline and front.poll() is None

@@ -15,9 +15,16 @@ pytestmark = pytest.mark.integration
 
 
 def run(runner, trainer, *, cfg=None, options=None, timeout_s=120.0, **kwargs):
-    return runner.run(trial=0, trainer=f"autotune_test_trainers:{trainer}",
-                      trainer_options=options or {}, config=cfg or config(), measure=QUICK,
-                      seed=0, timeout_s=timeout_s, **kwargs)  # fmt: skip
+    return runner.run(
+        trial=0,
+        trainer=f"autotune_test_trainers:{trainer}",
+        trainer_options=options or {},
+        config=cfg or config(),
+        measure=QUICK,
+        seed=0,
+        timeout_s=timeout_s,
+        **kwargs,
+    )
 
 
 def alive(pid: int) -> bool:
@@ -43,8 +50,13 @@ def test_a_rank_stuck_in_a_collective_is_killed_with_its_workers(runner, tmp_pat
     timeout = 8.0
     started = time.monotonic()
     with pytest.raises(TrialFailed) as e:
-        run(runner, "hanging", cfg=config(num_workers=1, prefetch_factor=2),
-            options={"pid_dir": str(tmp_path)}, timeout_s=timeout)  # fmt: skip
+        run(
+            runner,
+            "hanging",
+            cfg=config(num_workers=1, prefetch_factor=2),
+            options={"pid_dir": str(tmp_path)},
+            timeout_s=timeout,
+        )
     detected = time.monotonic() - started
     assert e.value.reason == "timeout" and "rank(s) [0, 1]" in e.value.detail
     assert detected <= timeout + 10  # the bound: killed within timeout + 10 s

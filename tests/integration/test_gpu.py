@@ -49,9 +49,14 @@ def gpu(ray_address):
     try:
         hw = runner.probe()
         target = Target(
-            backend="nccl", device="cuda", world_size=1, global_batch=32, cpus_per_rank=1,
-            bf16=hw["bf16"], tf32=hw["tf32"],
-        )  # fmt: skip
+            backend="nccl",
+            device="cuda",
+            world_size=1,
+            global_batch=32,
+            cpus_per_rank=1,
+            bf16=hw["bf16"],
+            tf32=hw["tf32"],
+        )
         yield runner, hw, target
     finally:
         runner.close()
@@ -69,10 +74,15 @@ def run(runner, cfg, trainer="tiny", options=None, incumbent=None):
     from autotune.core.config import MeasureSettings
 
     return runner.run(
-        trial=0, trainer=f"autotune_test_trainers:{trainer}",
-        trainer_options={"global_batch": 32, **(options or {})}, config=cfg,
-        measure=MeasureSettings(window_s=0.5), seed=0, timeout_s=300, incumbent=incumbent,
-    )  # fmt: skip
+        trial=0,
+        trainer=f"autotune_test_trainers:{trainer}",
+        trainer_options={"global_batch": 32, **(options or {})},
+        config=cfg,
+        measure=MeasureSettings(window_s=0.5),
+        seed=0,
+        timeout_s=300,
+        incumbent=incumbent,
+    )
 
 
 def test_the_hardware_record_names_gpu_cuda_driver_nccl_and_nvlink(gpu):
@@ -86,8 +96,10 @@ def test_the_hardware_record_names_gpu_cuda_driver_nccl_and_nvlink(gpu):
     if shutil.which("nvidia-smi"):
         smi = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, check=True,
-        ).stdout.split()[0]  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()[0]
         assert hw["driver"] == smi
         assert hw["nvlink"] in (True, False)
 

@@ -20,9 +20,25 @@ pytestmark = [
 
 
 def test_autotune_run_on_the_gpu_exports_an_nccl_profile(ray_address, run_env, tmp_path):
-    p = autotune(run_env, "run", "--study", "transformer", "--backend", "nccl",
-                 "--n-trials", "4", "--no-screening", "--validate-top", "0", "--seed", "1",
-                 "--budget", "3m", "--address", ray_address)  # fmt: skip
+    p = autotune(
+        run_env,
+        "run",
+        "--study",
+        "transformer",
+        "--backend",
+        "nccl",
+        "--n-trials",
+        "4",
+        "--no-screening",
+        "--validate-top",
+        "0",
+        "--seed",
+        "1",
+        "--budget",
+        "3m",
+        "--address",
+        ray_address,
+    )
     print(p.stdout)
     profiles = list((tmp_path / "home").rglob("profiles/*.yaml"))
     assert len(profiles) == 1, p.stdout

@@ -47,11 +47,16 @@ def write_profile(path: Path, **changes) -> Path:
     profile = Profile.from_config(
         TrialConfig.from_values(values, CPU),
         study={"name": "signals", "best_trial": 1, "baseline_trial": 0},
-        workload={"trainer": "mlp", "options": {}, "world_size": 2, "backend": "gloo",
-                  "global_batch": 64},
+        workload={
+            "trainer": "mlp",
+            "options": {},
+            "world_size": 2,
+            "backend": "gloo",
+            "global_batch": 64,
+        },
         hardware={"device": "cpu"},
         measured={"baseline_samples_per_s": 1.0, "best_samples_per_s": 2.0, "speedup": 2.0},
-    )  # fmt: skip
+    )
     profile.env["NCCL_ALGO"] = "Ring"  # gloo ignores it; the workers report that they got it
     return profile.save(path)
 
@@ -80,13 +85,26 @@ def test_a_signal_to_launch_stops_torchrun_and_its_workers(tmp_path, sig):
     pids.mkdir()
     log = (tmp_path / "out.log").open("w")
     p = subprocess.Popen(
-        [AUTOTUNE, "launch", str(profile), "--", TORCHRUN, "--standalone",
-         "--nproc-per-node", "2", str(script), str(pids)],
-        cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            AUTOTUNE,
+            "launch",
+            str(profile),
+            "--",
+            TORCHRUN,
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(script),
+            str(pids),
+        ],
+        cwd=tmp_path,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
         # Ctrl-C deliverable: a background shell starts its children with SIGINT ignored,
         # and an ignored signal stays ignored across exec
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    )
     workers: list[int] = []
     try:
         started = wait_for(lambda: len(list(pids.glob("*.pid"))) == 2 or p.poll() is not None, 120)
@@ -146,15 +164,32 @@ def aborts_under_load(tmp_path: Path, runs: int, hook: str) -> list[str]:
     try:
         for i in range(runs):
             p = subprocess.run(
-                [AUTOTUNE, "launch", str(profile), "--", TORCHRUN, "--standalone",
-                 "--nproc-per-node", "2", str(script)],
-                cwd=tmp_path, capture_output=True, text=True, timeout=300,
-            )  # fmt: skip
+                [
+                    AUTOTUNE,
+                    "launch",
+                    str(profile),
+                    "--",
+                    TORCHRUN,
+                    "--standalone",
+                    "--nproc-per-node",
+                    "2",
+                    str(script),
+                ],
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             out = p.stdout + p.stderr
             if "SIGABRT" in out or "terminate called" in out:
-                aborted.append(f"run {i}: " + "; ".join(
-                    line.strip() for line in out.splitlines()
-                    if "SIGABRT" in line or "terminate called" in line))  # fmt: skip
+                aborted.append(
+                    f"run {i}: "
+                    + "; ".join(
+                        line.strip()
+                        for line in out.splitlines()
+                        if "SIGABRT" in line or "terminate called" in line
+                    )
+                )
             else:
                 assert p.returncode == 0, out
     finally:

@@ -74,14 +74,37 @@ def build_wheel(out: Path) -> Path:
     shutil.copytree(
         REPO,
         tree,
-        ignore=shutil.ignore_patterns(".git", ".venv*", "__pycache__", "*.egg-info", "build",
-                                      ".pytest_cache", ".ruff_cache", "tests"),
-    )  # fmt: skip
+        ignore=shutil.ignore_patterns(
+            ".git",
+            ".venv*",
+            "__pycache__",
+            "*.egg-info",
+            "build",
+            ".pytest_cache",
+            ".ruff_cache",
+            "tests",
+        ),
+    )
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "--no-index", "-w", str(out / "dist"), str(tree)],
-        check=True, capture_output=True, text=True, timeout=300, env=no_pythonpath(),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            str(out / "dist"),
+            str(tree),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=no_pythonpath(),
+    )
     (wheel,) = (out / "dist").glob("ddp_autotune-*.whl")
     return wheel
 
@@ -95,17 +118,32 @@ def light_venv(tmp_path_factory) -> Path:
     python = venv / "bin" / "python"
     purelib = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True, capture_output=True, text=True,
-    ).stdout.strip()  # fmt: skip
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     link_distributions(closure(NEEDED), Path(purelib))
     # without the session's PYTHONPATH (the shared Ray fixture adds tests/ and an empty entry,
     # the current directory: this repository, whose editable install's metadata made pip say
     # "already installed" and install nothing)
     p = subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
-         "--no-index", str(build_wheel(work))],
-        capture_output=True, text=True, timeout=300, env=no_pythonpath(),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            str(build_wheel(work)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=no_pythonpath(),
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     installed = sorted(x.name for x in Path(purelib).iterdir())
     assert (venv / "bin" / "autotune").exists(), f"pip said: {p.stdout}{p.stderr}; {installed}"
@@ -123,8 +161,13 @@ def test_the_venv_holds_torch_and_pyyaml_but_not_the_tuner(light_venv, tmp_path)
         "import importlib.util, autotune, torch, yaml; "
         f"print(autotune.__file__); print(*[m for m in {TUNER!r} if importlib.util.find_spec(m)])"
     )
-    p = subprocess.run([str(light_venv / "bin" / "python"), "-c", code], cwd=tmp_path,
-                       env=clean_env(light_venv), capture_output=True, text=True)  # fmt: skip
+    p = subprocess.run(
+        [str(light_venv / "bin" / "python"), "-c", code],
+        cwd=tmp_path,
+        env=clean_env(light_venv),
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stderr
     where, missing = p.stdout.splitlines()
     assert Path(where).is_relative_to(light_venv) and "site-packages" in where
@@ -134,18 +177,45 @@ def test_the_venv_holds_torch_and_pyyaml_but_not_the_tuner(light_venv, tmp_path)
 
 def test_the_readme_script_runs_under_launch_with_only_torch_and_pyyaml(light_venv, tmp_path):
     profile = tmp_path / "best.yaml"
-    cpu_profile(profile, micro_batch=16, comm_hook="fp16", bucket_cap_mb=5.0,
-                precision="bf16", num_workers=1, prefetch_factor=2)  # fmt: skip
+    cpu_profile(
+        profile,
+        micro_batch=16,
+        comm_hook="fp16",
+        bucket_cap_mb=5.0,
+        precision="bf16",
+        num_workers=1,
+        prefetch_factor=2,
+    )
     (tmp_path / "train.py").write_text(readme_example())
     python = str(light_venv / "bin" / "python")
     p = subprocess.run(
-        [str(light_venv / "bin" / "autotune"), "launch", "best.yaml", "--", python, "-m",
-         "torch.distributed.run", "--nproc-per-node", "2", "train.py", "best.yaml"],
-        cwd=tmp_path, env=clean_env(light_venv), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            str(light_venv / "bin" / "autotune"),
+            "launch",
+            "best.yaml",
+            "--",
+            python,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "train.py",
+            "best.yaml",
+        ],
+        cwd=tmp_path,
+        env=clean_env(light_venv),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     assert "trained 32 micro-steps of 16" in p.stdout
     assert "measured on other hardware" not in p.stderr
-    env = subprocess.run([str(light_venv / "bin" / "autotune"), "env", "best.yaml"], cwd=tmp_path,
-                         env=clean_env(light_venv), capture_output=True, text=True)  # fmt: skip
+    env = subprocess.run(
+        [str(light_venv / "bin" / "autotune"), "env", "best.yaml"],
+        cwd=tmp_path,
+        env=clean_env(light_venv),
+        capture_output=True,
+        text=True,
+    )
     assert env.returncode == 0 and "export MALLOC_MMAP_THRESHOLD_=" in env.stdout, env.stderr

@@ -32,15 +32,29 @@ def free_port() -> int:
 
 def spec(rank: int, port: int, *, hook: str, cap: float, limit: dict | None) -> RankSpec:
     config = TrialConfig(
-        env={"OMP_NUM_THREADS": "1"}, ddp={"bucket_cap_mb": cap}, comm_hook={"name": hook},
-        data={"num_workers": 0}, micro_batch=32, accumulation_steps=1, global_batch=64,
+        env={"OMP_NUM_THREADS": "1"},
+        ddp={"bucket_cap_mb": cap},
+        comm_hook={"name": hook},
+        data={"num_workers": 0},
+        micro_batch=32,
+        accumulation_steps=1,
+        global_batch=64,
         threads=1,
-    )  # fmt: skip
+    )
     return RankSpec(
-        trial=0, rank=rank, world_size=2, backend="gloo", master_addr="127.0.0.1",
-        master_port=port, trainer="mlp", trainer_options=OPTIONS, config=config,
-        measure=MeasureSettings(window_s=0.2), timeout_s=120, limit=limit,
-    )  # fmt: skip
+        trial=0,
+        rank=rank,
+        world_size=2,
+        backend="gloo",
+        master_addr="127.0.0.1",
+        master_port=port,
+        trainer="mlp",
+        trainer_options=OPTIONS,
+        config=config,
+        measure=MeasureSettings(window_s=0.2),
+        timeout_s=120,
+        limit=limit,
+    )
 
 
 def _probe(rank: int, port: int, hook: str, cap: float, out: str) -> None:

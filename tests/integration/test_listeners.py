@@ -108,10 +108,24 @@ def test_every_socket_a_local_run_listens_on_is_loopback(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(AUTOTUNE_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
     run = subprocess.Popen(
-        [str(AUTOTUNE), "run", "--study", "quick", "--budget", "40s", "--n-trials", str(TRIALS),
-         "--validate-top", "0"],
-        cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            str(AUTOTUNE),
+            "run",
+            "--study",
+            "quick",
+            "--budget",
+            "40s",
+            "--n-trials",
+            str(TRIALS),
+            "--validate-top",
+            "0",
+        ],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     seen: set[tuple[str, str, int]] = set()
     out = []
     try:

@@ -92,9 +92,14 @@ def clean_env(home: Path, **extra: str) -> dict[str, str]:
 
 def start_driver(env: dict[str, str], *args: str, **kw) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-c", DRIVER, *args], env=env, cwd=REPO, text=True,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, **kw,
-    )  # fmt: skip
+        [sys.executable, "-c", DRIVER, *args],
+        env=env,
+        cwd=REPO,
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        **kw,
+    )
 
 
 def started(driver: subprocess.Popen) -> dict:
@@ -143,10 +148,13 @@ def test_a_local_instance_takes_only_its_own_token_and_keeps_its_files_private(t
 
         def client(**auth: str) -> subprocess.Popen:
             return subprocess.Popen(
-                [sys.executable, "-c", CLIENT, up["address"]], cwd=REPO, text=True,
+                [sys.executable, "-c", CLIENT, up["address"]],
+                cwd=REPO,
+                text=True,
                 env=clean_env(tmp_path / "client-home", **auth),
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            )  # fmt: skip
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
 
         wrong = client(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="0" * 64)
         none = client()
@@ -162,9 +170,11 @@ def test_a_local_instance_takes_only_its_own_token_and_keeps_its_files_private(t
         driver.stdin.flush()
         after = json.loads(driver.stdout.readline())
         assert after == {
-            "RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": None, "RAY_TMPDIR": None,
+            "RAY_AUTH_MODE": "disabled",
+            "RAY_AUTH_TOKEN": None,
+            "RAY_TMPDIR": None,
             OWNER_ENV: None,
-        }  # fmt: skip
+        }
         assert not temp.exists()
         assert list(home.iterdir()) == [], "nothing written in the user's home (~/.ray)"
     finally:

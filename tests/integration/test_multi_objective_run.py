@@ -17,13 +17,27 @@ pytestmark = pytest.mark.integration
 def test_a_throughput_and_memory_study_exports_its_pareto_set(ray_address, run_env, tmp_path):
     # five trials, not a 30-second budget (a multi-objective study re-validates nothing: its
     # profile is chosen from the Pareto front)
-    p = autotune(run_env, "run", "--study", "quick", "--objective", "throughput,memory",
-                 "--budget", "5m", "--n-trials", "5", "--address", ray_address)  # fmt: skip
+    p = autotune(
+        run_env,
+        "run",
+        "--study",
+        "quick",
+        "--objective",
+        "throughput,memory",
+        "--budget",
+        "5m",
+        "--n-trials",
+        "5",
+        "--address",
+        ray_address,
+    )
     home = tmp_path / "home"
     url = f"sqlite:///{home / 'autotune.db'}"
     study = optuna.load_study(study_name="quick-mlp-gloo-2r", storage=url)
-    assert study.directions == [optuna.study.StudyDirection.MAXIMIZE,
-                                optuna.study.StudyDirection.MINIMIZE]  # fmt: skip
+    assert study.directions == [
+        optuna.study.StudyDirection.MAXIMIZE,
+        optuna.study.StudyDirection.MINIMIZE,
+    ]
     assert study.metric_names == ["samples_per_s", "peak_memory_mb"]
     complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
     assert len(complete) >= 2 and not [t for t in study.trials if t.state == TrialState.PRUNED]

@@ -69,8 +69,12 @@ def lab(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def sent_bytes(ns: str) -> int:
     """Bytes the tbf qdisc of ``ns``'s lab interface has sent."""
-    out = subprocess.run(["tc", "-s", "-n", ns, "qdisc", "show", "dev", "lab"],
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        ["tc", "-s", "-n", ns, "qdisc", "show", "dev", "lab"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "tbf" in out and "rate 1Gbit" in out, out
     return int(out.split("Sent ", 1)[1].split()[0])
 
@@ -94,8 +98,10 @@ def test_a_failing_lab_up_tears_down_what_it_built(monkeypatch):
 def test_bad_lab_input_is_one_line_exit_2_and_builds_nothing():
     p = lab("up", "--rate", "fast")
     assert p.returncode == 2
-    assert p.stderr == "autotune: error: --rate fast: not a tc rate; write a number and a unit, " \
-        "e.g. 1gbit, 100mbit\n"  # fmt: skip
+    assert (
+        p.stderr == "autotune: error: --rate fast: not a tc rate; write a number and a unit, "
+        "e.g. 1gbit, 100mbit\n"
+    )
     p = lab("exec", "--", "true")
     assert p.returncode == 2 and "no lab is up" in p.stderr
     assert (
@@ -124,9 +130,11 @@ def up_lab():
 
 def test_lab_up_makes_a_two_node_ray_cluster(up_lab):
     assert "lab up: 2 Ray nodes (10.213.0.1, 10.213.0.2, 1 CPU each)" in up_lab
-    script = ("import ray; ray.init(address='auto', logging_level='ERROR'); "
-              "print(sorted((n['NodeManagerAddress'], n['Resources']['CPU']) "
-              "for n in ray.nodes() if n['Alive']))")  # fmt: skip
+    script = (
+        "import ray; ray.init(address='auto', logging_level='ERROR'); "
+        "print(sorted((n['NodeManagerAddress'], n['Resources']['CPU']) "
+        "for n in ray.nodes() if n['Alive']))"
+    )
     import sys
 
     p = lab("exec", "--", sys.executable, "-c", script)
@@ -161,11 +169,17 @@ def link_goodput_gbit() -> float:
     """Gbit/s of TCP payload the shaped link carries from atlab-1 to atlab-0 (96 MiB)."""
     import sys
 
-    sink = subprocess.Popen(["ip", "netns", "exec", "atlab-0", sys.executable, "-c", SINK],
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    sink = subprocess.Popen(
+        ["ip", "netns", "exec", "atlab-0", sys.executable, "-c", SINK],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     port = sink.stdout.readline().strip()
-    subprocess.run(["ip", "netns", "exec", "atlab-1", sys.executable, "-c", SOURCE, port],
-                   check=True, timeout=60)  # fmt: skip
+    subprocess.run(
+        ["ip", "netns", "exec", "atlab-1", sys.executable, "-c", SOURCE, port],
+        check=True,
+        timeout=60,
+    )
     rate = float(sink.communicate(timeout=60)[0].strip())
     return rate * 8 / 1e9
 
@@ -177,15 +191,35 @@ def test_a_trial_and_the_limit_probe_run_one_rank_per_node_across_the_shaped_lin
     assert 0.8 < carried <= 1.0, carried  # the shaping is in place: at most 1 Gbit/s
     before = sent_bytes("atlab-1")
     p = subprocess.run(
-        autotune_cmd("lab", "exec", "--", *autotune_cmd("run", "--address", "auto", "--study",
-                     "lab", "--n-trials", "1", "--validate-top", "0", "--budget", "5m",
-                     "--quiet")),
-        env=run_env, capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
+        autotune_cmd(
+            "lab",
+            "exec",
+            "--",
+            *autotune_cmd(
+                "run",
+                "--address",
+                "auto",
+                "--study",
+                "lab",
+                "--n-trials",
+                "1",
+                "--validate-top",
+                "0",
+                "--budget",
+                "5m",
+                "--quiet",
+            ),
+        ),
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     home = Path(run_env["AUTOTUNE_HOME"])
-    study = optuna.load_study(study_name="lab-mlp-gloo-2r",
-                              storage=f"sqlite:///{home / 'autotune.db'}")  # fmt: skip
+    study = optuna.load_study(
+        study_name="lab-mlp-gloo-2r", storage=f"sqlite:///{home / 'autotune.db'}"
+    )
     base = study.trials[0]
     assert base.state == TrialState.COMPLETE
     assert sorted(base.user_attrs["nodes"]) == ["10.213.0.1", "10.213.0.2"], base.user_attrs
@@ -206,19 +240,41 @@ def test_a_trial_and_the_limit_probe_run_one_rank_per_node_across_the_shaped_lin
 
 def test_a_worker_node_killed_mid_trial_fails_the_trial_and_stops_the_run(up_lab, run_env):
     p = subprocess.Popen(
-        autotune_cmd("lab", "exec", "--", *autotune_cmd("run", "--address", "auto", "--study",
-                     "quick", "--placement", "spread", "--budget", "5m", "--node-wait", "5s",
-                     "--quiet", "--study-name", "killed")),
-        env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        autotune_cmd(
+            "lab",
+            "exec",
+            "--",
+            *autotune_cmd(
+                "run",
+                "--address",
+                "auto",
+                "--study",
+                "quick",
+                "--placement",
+                "spread",
+                "--budget",
+                "5m",
+                "--node-wait",
+                "5s",
+                "--quiet",
+                "--study-name",
+                "killed",
+            ),
+        ),
+        env=run_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         for line in p.stdout:
             if "samples/s" in line:  # the baseline is measured
                 break
         # the next trial runs, one rank on the worker node (--placement spread)
         assert wait_for(trial_running(run_env["AUTOTUNE_HOME"], "killed"), 60)
-        pids = subprocess.run(["ip", "netns", "pids", "atlab-1"], capture_output=True,
-                              text=True).stdout.split()  # fmt: skip
+        pids = subprocess.run(
+            ["ip", "netns", "pids", "atlab-1"], capture_output=True, text=True
+        ).stdout.split()
         assert pids, "no process in the worker node's namespace"
         for pid in pids:
             os.kill(int(pid), signal.SIGKILL)  # the whole node: raylet, workers, ranks

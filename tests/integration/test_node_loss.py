@@ -27,8 +27,17 @@ def two_nodes():
 
 def test_losing_a_node_fails_the_trial_and_stops_the_run_with_a_clear_message(two_nodes, run_env):
     # --node-wait 5s: the run stops 5 s after the loss instead of the default 30 s
-    p = started_run({**run_env, **two_nodes["env"]}, "--study", "quick", "--budget", "5m",
-                    "--node-wait", "5s", "--address", two_nodes["address"])  # fmt: skip
+    p = started_run(
+        {**run_env, **two_nodes["env"]},
+        "--study",
+        "quick",
+        "--budget",
+        "5m",
+        "--node-wait",
+        "5s",
+        "--address",
+        two_nodes["address"],
+    )
     try:
         # the next trial runs, a rank on the worker node
         assert wait_for(trial_running(run_env["AUTOTUNE_HOME"], "quick-mlp-gloo-2r"), 60)

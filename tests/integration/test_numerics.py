@@ -24,9 +24,26 @@ precision:
 def run(env, tmp_path, address, *extra):
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
-    p = autotune(env, "run", "--study", "quick", "--trainer", "autotune_test_trainers:underflow",
-                 "--space", str(space), "--sampler", "grid", "--budget", "60s",
-                 "--validate-top", "0", "--address", address, *extra, cwd=TESTS)  # fmt: skip
+    p = autotune(
+        env,
+        "run",
+        "--study",
+        "quick",
+        "--trainer",
+        "autotune_test_trainers:underflow",
+        "--space",
+        str(space),
+        "--sampler",
+        "grid",
+        "--budget",
+        "60s",
+        "--validate-top",
+        "0",
+        "--address",
+        address,
+        *extra,
+        cwd=TESTS,
+    )
     study = optuna.load_study(
         study_name="quick-autotune_test_trainers.underflow-gloo-2r",
         storage=f"sqlite:///{tmp_path}/home/autotune.db",

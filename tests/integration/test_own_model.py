@@ -40,10 +40,23 @@ def test_the_readme_example_tunes_its_own_model_and_leaves_nothing_running(run_e
     # and three trials at most, without re-validation: done well before the 45 s when it can
     # be (about 20 s here); the rest is room for a loaded machine, and for a first measurement
     # taken twice (a crashed traced probe is measured again untraced: limit.probe.probe_one)
-    p = autotune(run_env, "run", *args, "--study", "quick", "--n-trials", "3", "--validate-top",
-                 "0", cwd=tmp_path, timeout=300)  # fmt: skip
-    study = optuna.load_study(study_name="quick-my_model.workload-gloo-2r",
-                              storage=f"sqlite:///{tmp_path}/home/autotune.db")  # fmt: skip
+    p = autotune(
+        run_env,
+        "run",
+        *args,
+        "--study",
+        "quick",
+        "--n-trials",
+        "3",
+        "--validate-top",
+        "0",
+        cwd=tmp_path,
+        timeout=300,
+    )
+    study = optuna.load_study(
+        study_name="quick-my_model.workload-gloo-2r",
+        storage=f"sqlite:///{tmp_path}/home/autotune.db",
+    )
     assert study.user_attrs["autotune"]["workload"]["options"] == {"hidden": 256}
     measured = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert study.trials[0].state == TrialState.COMPLETE and len(measured) >= 2, p.stdout
@@ -55,8 +68,9 @@ def test_the_readme_example_tunes_its_own_model_and_leaves_nothing_running(run_e
 def test_a_trainer_that_breaks_the_contract_is_refused_before_any_trial(run_env, tmp_path):
     code, _ = example()
     (tmp_path / "my_model.py").write_text(code.replace("        dataset=Points(),", ""))
-    p = autotune(run_env, "run", "--trainer", "my_model:workload", "--budget", "10s",
-                 cwd=tmp_path, rc=2)  # fmt: skip
+    p = autotune(
+        run_env, "run", "--trainer", "my_model:workload", "--budget", "10s", cwd=tmp_path, rc=2
+    )
     assert p.stderr.strip().count("\n") == 0 and "my_model:workload" in p.stderr
     assert "dataset" in p.stderr
     assert not (tmp_path / "home").exists()  # nothing written, no Ray started for it

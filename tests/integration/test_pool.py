@@ -18,9 +18,16 @@ pytestmark = pytest.mark.integration
 
 
 def run(runner, cfg=None, trainer="tiny", options=None, **kwargs):
-    return runner.run(trial=0, trainer=f"autotune_test_trainers:{trainer}",
-                      trainer_options=options or {}, config=cfg or config(), measure=QUICK,
-                      seed=0, timeout_s=120, **kwargs)  # fmt: skip
+    return runner.run(
+        trial=0,
+        trainer=f"autotune_test_trainers:{trainer}",
+        trainer_options=options or {},
+        config=cfg or config(),
+        measure=QUICK,
+        seed=0,
+        timeout_s=120,
+        **kwargs,
+    )
 
 
 def pids(res) -> list[int]:

@@ -37,8 +37,10 @@ def postgres_url():
     pytest.importorskip("psycopg", reason="psycopg not installed: pip install -e '.[test]'")
     tools = {n: _bin(n) for n in ("initdb", "pg_ctl", "createdb")}
     if not all(tools.values()):
-        pytest.skip("PostgreSQL's server programs (initdb, pg_ctl) are not installed; "
-                    "apt-get install postgresql")  # fmt: skip
+        pytest.skip(
+            "PostgreSQL's server programs (initdb, pg_ctl) are not installed; "
+            "apt-get install postgresql"
+        )
     as_user: list[str] = []
     if os.geteuid() == 0:  # the server refuses to run as root: run it as the postgres user
         try:
@@ -57,11 +59,26 @@ def postgres_url():
     try:
         initdb = [*as_user, tools["initdb"], "-D", str(data), "-A", "trust", "-U", "autotune", "-N"]
         subprocess.run(initdb, check=True, capture_output=True, timeout=120)
-        subprocess.run([*ctl, "-w", "-l", f"{root}/server.log", "-o",
-                        f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off",
-                        "start"], check=True, capture_output=True, timeout=120)  # fmt: skip
-        subprocess.run([tools["createdb"], "-h", "127.0.0.1", "-p", str(port), "-U", "autotune",
-                        "autotune"], check=True, capture_output=True, timeout=60)  # fmt: skip
+        subprocess.run(
+            [
+                *ctl,
+                "-w",
+                "-l",
+                f"{root}/server.log",
+                "-o",
+                f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off",
+                "start",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        subprocess.run(
+            [tools["createdb"], "-h", "127.0.0.1", "-p", str(port), "-U", "autotune", "autotune"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         yield f"postgresql://autotune@127.0.0.1:{port}/autotune"
     finally:
         subprocess.run([*ctl, "-m", "immediate", "stop"], capture_output=True, timeout=60)
@@ -71,15 +88,31 @@ def postgres_url():
 def test_two_drivers_work_on_one_study(postgres_url, run_env, tmp_path):
     # each driver ends after three trials of its own (--n-trials counts a driver's), not at a
     # 30-second budget, which on a loaded machine could end before the second driver's first
-    args = ("--study", "quick", "--budget", "5m", "--n-trials", "3", "--storage", postgres_url,
-            "--validate-top", "0", "--quiet")  # fmt: skip
+    args = (
+        "--study",
+        "quick",
+        "--budget",
+        "5m",
+        "--n-trials",
+        "3",
+        "--storage",
+        postgres_url,
+        "--validate-top",
+        "0",
+        "--quiet",
+    )
     drivers = []
     for i in range(2):
         env = {**run_env, "AUTOTUNE_HOME": str(tmp_path / f"driver{i}")}
         drivers.append(
-            subprocess.Popen(autotune_cmd("run", *args), env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        )  # fmt: skip
+            subprocess.Popen(
+                autotune_cmd("run", *args),
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+        )
         time.sleep(1)
     outs = [p.communicate(timeout=600)[0] for p in drivers]
     for p, out in zip(drivers, outs, strict=True):
@@ -103,18 +136,40 @@ def test_two_drivers_work_on_one_study(postgres_url, run_env, tmp_path):
     assert "New study quick-mlp-gloo-2r" in "".join(outs)
     assert "Resuming study quick-mlp-gloo-2r" in "".join(outs)
     # Either driver's profile, and a later reader, come from the same study.
-    p = subprocess.run(autotune_cmd("export", "--storage", postgres_url, "--study-name",
-                                    "quick-mlp-gloo-2r", "-o", str(tmp_path / "p.yaml")),
-                       env=run_env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    p = subprocess.run(
+        autotune_cmd(
+            "export",
+            "--storage",
+            postgres_url,
+            "--study-name",
+            "quick-mlp-gloo-2r",
+            "-o",
+            str(tmp_path / "p.yaml"),
+        ),
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     assert "best_trial" in (tmp_path / "p.yaml").read_text()
 
 
 def test_a_postgres_url_nothing_answers_at_is_one_line_exit_2(run_env):
     port = free_port()  # nothing listens there
-    p = subprocess.run(autotune_cmd("run", "--study", "quick", "--storage",
-                                    f"postgresql://autotune@127.0.0.1:{port}/autotune"),
-                       env=run_env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    p = subprocess.run(
+        autotune_cmd(
+            "run",
+            "--study",
+            "quick",
+            "--storage",
+            f"postgresql://autotune@127.0.0.1:{port}/autotune",
+        ),
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2
     assert p.stderr.count("\n") == 1
     assert p.stderr.startswith(f"autotune: error: --storage postgresql://autotune@127.0.0.1:{port}")

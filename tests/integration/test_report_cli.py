@@ -110,9 +110,21 @@ def test_a_terminal_gets_the_live_display_and_a_summary_table(ray_address, run_e
     env.pop("NO_COLOR", None)
     # the budget bar fills toward 40 s; the run ends after five trials (no re-validation)
     raw = run_on_a_terminal(
-        autotune_cmd("run", "--study", "quick", "--budget", "40s", "--n-trials", "5",
-                     "--validate-top", "0", "--address", ray_address), env
-    )  # fmt: skip
+        autotune_cmd(
+            "run",
+            "--study",
+            "quick",
+            "--budget",
+            "40s",
+            "--n-trials",
+            "5",
+            "--validate-top",
+            "0",
+            "--address",
+            ray_address,
+        ),
+        env,
+    )
     frames = ANSI.sub("", raw).replace("\r", "\n")
     # the budget bar redrawn as it fills, the counts as trials end, the trial that runs
     spent = {int(s) for s in re.findall(r"budget .*━.* (\d+)s of 40s", frames)}

@@ -88,8 +88,10 @@ def test_run_says_what_it_left_out_and_where_things_are(finished_run):
     assert f"Storage    {finished_run['url']}" in out
     assert "optuna-dashboard sqlite:///" in out
     # the re-validation it plans, said once the study is open (not defaults it then changes)
-    assert (f"Re-validation: up to 3 candidates x 5 rounds against the baseline, fitted to a "
-            f"third of the {BUDGET_S}s budget") in out  # fmt: skip
+    assert (
+        f"Re-validation: up to 3 candidates x 5 rounds against the baseline, fitted to a "
+        f"third of the {BUDGET_S}s budget"
+    ) in out
 
 
 def test_profile_has_every_key_and_is_the_best_trial(finished_run):
@@ -138,8 +140,9 @@ def test_the_run_says_how_far_its_profile_is_from_the_limit(finished_run):
     assert profile.measured["limit"][label]["world_size"] == 2
     assert profile.measured["limit"][label]["bounds"] == probed["bounds"]
     # what it sent: the 4 x 256 MLP's gradients (267,280 fp32 values) in DDP's own buckets
-    assert probed["comm"]["wire_bytes"] == 267_280 * (2 if probed["comm"]["dtype"] != "float32"
-                                                      else 4)  # fmt: skip
+    assert probed["comm"]["wire_bytes"] == 267_280 * (
+        2 if probed["comm"]["dtype"] != "float32" else 4
+    )
     b = probed["bounds"]
     assert b["busbw_gbit_s"] > 0 and b["share_of_ceiling"] > 0 and b["share_of_ideal"] > 0
     # the trace of real DDP steps is kept where the record says
@@ -195,8 +198,21 @@ def test_a_local_instance_says_nothing_of_rays_token_authentication(run_env, tmp
     """A run that starts its own Ray instance sets its token authentication explicitly: Ray's
     warning that it turned it on by default is not printed; -o writes the profile there."""
     profile = tmp_path / "p.yaml"
-    p = autotune(run_env, "run", "--study", "quick", "--budget", "2m", "--n-trials", "1",
-                 "--validate-top", "0", "--no-limit", "-o", str(profile))  # fmt: skip
+    p = autotune(
+        run_env,
+        "run",
+        "--study",
+        "quick",
+        "--budget",
+        "2m",
+        "--n-trials",
+        "1",
+        "--validate-top",
+        "0",
+        "--no-limit",
+        "-o",
+        str(profile),
+    )
     assert RAY_AUTH_WARNING not in p.stdout + p.stderr, p.stderr
     assert "authentication" not in p.stderr.lower(), p.stderr
     assert "Re-validation: none (--validate-top 0" in p.stdout
@@ -250,8 +266,20 @@ def test_running_again_resumes_without_a_second_baseline(finished_run):
     before = {t.number: t.value for t in load(finished_run).trials}
     # one more trial (--n-trials counts this invocation's), not a short budget: on a loaded
     # machine a 12-second budget may end before a trial does
-    autotune(finished_run["env"], "run", "--study", "quick", "--budget", "5m", "--n-trials", "1",
-             "--validate-top", "0", "--address", finished_run["address"])  # fmt: skip
+    autotune(
+        finished_run["env"],
+        "run",
+        "--study",
+        "quick",
+        "--budget",
+        "5m",
+        "--n-trials",
+        "1",
+        "--validate-top",
+        "0",
+        "--address",
+        finished_run["address"],
+    )
     after = load(finished_run).trials
     assert len(after) > len(before)
     assert {t.number: t.value for t in after if t.number in before} == before
@@ -259,9 +287,21 @@ def test_running_again_resumes_without_a_second_baseline(finished_run):
 
 
 def test_resuming_with_a_different_workload_is_refused(finished_run):
-    p = autotune(finished_run["env"], "run", "--study", "quick", "--budget", "10s",
-                 "--study-name", STUDY, "--trainer-option", "width=128",
-                 "--address", finished_run["address"], rc=2)  # fmt: skip
+    p = autotune(
+        finished_run["env"],
+        "run",
+        "--study",
+        "quick",
+        "--budget",
+        "10s",
+        "--study-name",
+        STUDY,
+        "--trainer-option",
+        "width=128",
+        "--address",
+        finished_run["address"],
+        rc=2,
+    )
     assert "choose another --study-name" in p.stderr and "measured workload" in p.stderr
 
 
@@ -286,11 +326,23 @@ def test_a_baseline_that_fails_stops_the_run_with_the_reason(ray_address, run_en
     # `ray job submit -- autotune run ...` runs the command with RAY_ADDRESS set: the run
     # joins that cluster (the session's instance here) instead of starting its own
     env = {**run_env, "RAY_ADDRESS": ray_address}
-    p = autotune(env, "run", "--study", "quick", "--budget", "60s",
-                 "--trainer", "autotune_test_trainers:raising", cwd=TESTS_DIR, rc=1)  # fmt: skip
+    p = autotune(
+        env,
+        "run",
+        "--study",
+        "quick",
+        "--budget",
+        "60s",
+        "--trainer",
+        "autotune_test_trainers:raising",
+        cwd=TESTS_DIR,
+        rc=1,
+    )
     assert f"Joined the Ray cluster at {ray_address} (RAY_ADDRESS)" in p.stdout, p.stdout
-    assert ("baseline trial (PyTorch defaults) failed: crash: rank 1: RuntimeError: boom on "
-            "purpose in rank 1") in p.stderr  # fmt: skip
+    assert (
+        "baseline trial (PyTorch defaults) failed: crash: rank 1: RuntimeError: boom on "
+        "purpose in rank 1"
+    ) in p.stderr
     trials = local_study(run_env, "quick-autotune_test_trainers.raising-gloo-2r").trials
     assert len(trials) == 1 and trials[0].state == TrialState.FAIL
     assert trials[0].user_attrs["reason"] == "crash"
@@ -332,10 +384,30 @@ def test_a_failing_configuration_is_recorded_and_the_study_goes_on(ray_address, 
     )
     # A trial count, not a time budget, decides how many trials run: on a loaded machine a
     # 60-second budget held the baseline and the failure only.
-    p = autotune(run_env, "run", "--study", "quick", "--budget", "10m", "--n-trials", "5",
-                 "--validate-top", "0", "--seed", "4", "--sampler", "random", "--no-screening",
-                 "--space", str(space), "--trainer", "autotune_test_trainers:no_bf16",
-                 "--address", ray_address, cwd=TESTS_DIR)  # fmt: skip
+    p = autotune(
+        run_env,
+        "run",
+        "--study",
+        "quick",
+        "--budget",
+        "10m",
+        "--n-trials",
+        "5",
+        "--validate-top",
+        "0",
+        "--seed",
+        "4",
+        "--sampler",
+        "random",
+        "--no-screening",
+        "--space",
+        str(space),
+        "--trainer",
+        "autotune_test_trainers:no_bf16",
+        "--address",
+        ray_address,
+        cwd=TESTS_DIR,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     trials = local_study(run_env, "quick-autotune_test_trainers.no_bf16-gloo-2r").trials
     assert len(trials) == 5, "--n-trials 5 ends the search after five trials, failures included"
@@ -366,8 +438,10 @@ def test_a_failing_configuration_is_recorded_and_the_study_goes_on(ray_address, 
         ["limit", *(f"trial-{t.number}" for t in [trials[0], *failed])]
     )
     # the limit probes' traces, one per probed configuration, replaced by the next run's
-    assert {p.name for p in (logs / "limit").iterdir()} <= {"baseline.trace.json",
-                                                           "tuned.trace.json"}  # fmt: skip
+    assert {p.name for p in (logs / "limit").iterdir()} <= {
+        "baseline.trace.json",
+        "tuned.trace.json",
+    }
 
 
 def test_kill_9_then_the_same_command_resumes_the_study(ray_address, run_env, tmp_path):
@@ -375,8 +449,16 @@ def test_kill_9_then_the_same_command_resumes_the_study(ray_address, run_env, tm
 
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    args = ("--study", "quick", "--trainer", "autotune_test_trainers:tiny",
-            "--trainer-option", f"pid_dir={pid_dir}", "--address", ray_address)  # fmt: skip
+    args = (
+        "--study",
+        "quick",
+        "--trainer",
+        "autotune_test_trainers:tiny",
+        "--trainer-option",
+        f"pid_dir={pid_dir}",
+        "--address",
+        ray_address,
+    )
     name = "quick-autotune_test_trainers.tiny-gloo-2r"
     p = started_run(run_env, *args, "--budget", "5m", cwd=TESTS_DIR, after_trials=2)
     try:
@@ -397,8 +479,18 @@ def test_kill_9_then_the_same_command_resumes_the_study(ray_address, run_env, tm
     wait_for(lambda: not any(Path(f"/proc/{q}").exists() for q in pids), 60, every=0.5)
     assert not [q for q in pids if Path(f"/proc/{q}").exists()]
 
-    out = autotune(run_env, "run", *args, "--budget", "5m", "--n-trials", "1", "--validate-top",
-                   "0", cwd=TESTS_DIR).stdout  # fmt: skip
+    out = autotune(
+        run_env,
+        "run",
+        *args,
+        "--budget",
+        "5m",
+        "--n-trials",
+        "1",
+        "--validate-top",
+        "0",
+        cwd=TESTS_DIR,
+    ).stdout
     assert f"Closed 1 trial(s) left RUNNING by a driver that died: {before[-1].number}" in out
     after = local_study(run_env, name).trials
     killed = after[before[-1].number]
@@ -433,8 +525,19 @@ def test_a_second_ctrl_c_exits_at_once_and_a_resume_finds_the_study_consistent(
 
 
 def test_nccl_on_a_cluster_without_gpus_is_refused_before_anything_is_written(ray_address, run_env):
-    p = autotune(run_env, "run", "--study", "quick", "--backend", "nccl", "--budget", "10s",
-                 "--address", ray_address, rc=2)  # fmt: skip
+    p = autotune(
+        run_env,
+        "run",
+        "--study",
+        "quick",
+        "--backend",
+        "nccl",
+        "--budget",
+        "10s",
+        "--address",
+        ray_address,
+        rc=2,
+    )
     assert "autotune: error: --backend nccl: the Ray cluster has no GPU" in p.stderr
     assert not Path(run_env["AUTOTUNE_HOME"]).exists()
 
@@ -471,10 +574,14 @@ def test_an_interrupt_while_the_local_ray_instance_starts_leaves_no_process(run_
 
     # its own session: the process group it and everything it starts stay in is its pid
     p = subprocess.Popen(
-        autotune_cmd("run", "--study", "quick", "--budget", "1m"), env=run_env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        autotune_cmd("run", "--study", "quick", "--budget", "1m"),
+        env=run_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    )
     try:
         # the raylet runs: ray.init is waiting for it, and it is starting its agents (an
         # interrupt here used to leave DashboardAgent and RuntimeEnvAgent running)

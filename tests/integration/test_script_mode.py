@@ -52,8 +52,19 @@ def test_the_readme_script_is_tuned_and_then_trains_with_its_profile(run_env, tm
     args = run_cmd[2:]
     args[args.index("--budget") + 1] = "40s"  # the README says 10m
     # and three trials at most, without re-validation: done before the 40 s when it can be
-    p = autotune(env, "run", "--study", "quick", "--n-trials", "3", "--validate-top", "0", *args,
-                 cwd=tmp_path, timeout=300)  # fmt: skip
+    p = autotune(
+        env,
+        "run",
+        "--study",
+        "quick",
+        "--n-trials",
+        "3",
+        "--validate-top",
+        "0",
+        *args,
+        cwd=tmp_path,
+        timeout=300,
+    )
     name = "quick-script-train-gloo-2r"
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path}/home/autotune.db")
     measured = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
@@ -79,8 +90,21 @@ def test_ctrl_c_during_a_script_trial_ends_its_processes_and_exports(run_env, tm
     code, _ = example()
     (tmp_path / "train.py").write_text(code)
     env = {**run_env, "PATH": BIN + os.pathsep + run_env.get("PATH", "")}
-    p = started_run(env, "--study", "quick", "--budget", "5m", "--global-batch", "128", "--",
-                    "torchrun", "--nproc-per-node", "2", "train.py", cwd=tmp_path)  # fmt: skip
+    p = started_run(
+        env,
+        "--study",
+        "quick",
+        "--budget",
+        "5m",
+        "--global-batch",
+        "128",
+        "--",
+        "torchrun",
+        "--nproc-per-node",
+        "2",
+        "train.py",
+        cwd=tmp_path,
+    )
     # the first trial after the baseline is running
     assert wait_for(trial_running(tmp_path / "home", "quick-script-train-gloo-2r"), 60)
     p.send_signal(signal.SIGINT)
@@ -99,8 +123,15 @@ def test_a_script_that_never_wraps_its_model_fails_with_the_fix(tmp_path):
     script.write_text("import time\nprint('training without wrap', flush=True)\ntime.sleep(600)\n")
     started = time.monotonic()
     with pytest.raises(TrialFailed) as e:
-        run_script([sys.executable, str(script)], config(), world_size=2, measure=MeasureSettings(),
-                   timeout_s=120, wrap_wait_s=4, log_dir=tmp_path)  # fmt: skip
+        run_script(
+            [sys.executable, str(script)],
+            config(),
+            world_size=2,
+            measure=MeasureSettings(),
+            timeout_s=120,
+            wrap_wait_s=4,
+            log_dir=tmp_path,
+        )
     assert time.monotonic() - started < 30
     assert "Profile.load().wrap(model)" in e.value.detail
     said, printed = (tmp_path / "script.log").read_text().splitlines()
@@ -112,8 +143,13 @@ def test_a_crashing_script_fails_with_its_status_and_last_line(tmp_path):
     script = tmp_path / "crash.py"
     script.write_text("raise SystemExit('out of data: shard 3 is empty')\n")
     with pytest.raises(TrialFailed) as e:
-        run_script([sys.executable, str(script)], config(), world_size=2, measure=MeasureSettings(),
-                   timeout_s=60)  # fmt: skip
+        run_script(
+            [sys.executable, str(script)],
+            config(),
+            world_size=2,
+            measure=MeasureSettings(),
+            timeout_s=60,
+        )
     assert e.value.reason == FailureReason.CRASH
     assert "status 1" in e.value.detail and "shard 3 is empty" in e.value.detail
 
@@ -132,8 +168,14 @@ def test_a_worker_in_a_session_of_its_own_is_ended_with_its_trial(tmp_path):
         "time.sleep(600)\n"
     )
     with pytest.raises(TrialFailed):
-        run_script([sys.executable, str(script)], config(), world_size=2, measure=MeasureSettings(),
-                   timeout_s=60, wrap_wait_s=3)  # fmt: skip
+        run_script(
+            [sys.executable, str(script)],
+            config(),
+            world_size=2,
+            measure=MeasureSettings(),
+            timeout_s=60,
+            wrap_wait_s=3,
+        )
     assert not alive(int(marker.read_text()))
 
 
@@ -174,14 +216,22 @@ def test_no_process_of_the_script_outlives_a_driver_killed_with_minus_9(tmp_path
     script, marker = _forking_script(tmp_path)
     work = tmp_path / "tmp"  # the driver's temporary directory: the trial's is made in it
     work.mkdir()
-    driver = subprocess.Popen([sys.executable, "-c", (
-        "import sys\n"
-        "from tests.integration.test_script_mode import config\n"
-        "from autotune.core.config import MeasureSettings\n"
-        "from autotune.script.trial import run_script\n"
-        f"run_script([sys.executable, {str(script)!r}], config(), world_size=2, "
-        "measure=MeasureSettings(), timeout_s=600, wrap_wait_s=600)\n")], cwd=REPO,
-        env={**os.environ, "TMPDIR": str(work)})  # fmt: skip
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys\n"
+                "from tests.integration.test_script_mode import config\n"
+                "from autotune.core.config import MeasureSettings\n"
+                "from autotune.script.trial import run_script\n"
+                f"run_script([sys.executable, {str(script)!r}], config(), world_size=2, "
+                "measure=MeasureSettings(), timeout_s=600, wrap_wait_s=600)\n"
+            ),
+        ],
+        cwd=REPO,
+        env={**os.environ, "TMPDIR": str(work)},
+    )
     assert wait_for(lambda: any(work.iterdir()), 60)  # the trial's directory is made
     _kill_and_expect_none_left(driver, marker, work)
 
@@ -195,13 +245,23 @@ def test_no_process_of_the_script_outlives_a_guard_front_killed_with_minus_9(tmp
     (work / "trial" / "report").mkdir(parents=True)
     # the worker that ran the trial: it starts the guard as run_script does, says its pid,
     # and is killed right after it (Ray's order: the worker's children, the worker gone)
-    worker = subprocess.Popen([sys.executable, "-c", (
-        "import os, subprocess, sys, time\n"
-        "front = subprocess.Popen([sys.executable, '-m', 'autotune.script.guard', "
-        f"str(os.getpid()), '--remove', {str(work / 'trial')!r}, '--', sys.executable, "
-        f"{str(script)!r}], start_new_session=True)\n"
-        "print(front.pid, flush=True)\n"
-        "time.sleep(600)\n")], cwd=REPO, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import os, subprocess, sys, time\n"
+                "front = subprocess.Popen([sys.executable, '-m', 'autotune.script.guard', "
+                f"str(os.getpid()), '--remove', {str(work / 'trial')!r}, '--', sys.executable, "
+                f"{str(script)!r}], start_new_session=True)\n"
+                "print(front.pid, flush=True)\n"
+                "time.sleep(600)\n"
+            ),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         front = int(worker.stdout.readline())
         _kill_and_expect_none_left(Killed(front, worker), marker, work)
@@ -279,15 +339,36 @@ for epoch in range(10**6):
 
 def test_the_numerics_guard_fails_a_script_trial_whose_loss_drifts(run_env, tmp_path):
     (tmp_path / "train.py").write_text(UNDERFLOW.replace("SEED", "0"))
-    (tmp_path / "space.yaml").write_text("ddp:\n  comm_hook: {type: categorical, "
-                                         "choices: [none, fp16]}\n")  # fmt: skip
+    (tmp_path / "space.yaml").write_text(
+        "ddp:\n  comm_hook: {type: categorical, choices: [none, fp16]}\n"
+    )
     env = {**run_env, "PATH": BIN + os.pathsep + run_env.get("PATH", "")}
-    p = autotune(env, "run", "--study", "quick", "--space", "space.yaml", "--sampler", "grid",
-                 "--budget", "60s", "--validate-top", "0", "--global-batch", "128", "--",
-                 "torchrun", "--nproc-per-node", "2", "train.py", cwd=tmp_path,
-                 timeout=300)  # fmt: skip
-    study = optuna.load_study(study_name="quick-script-train-gloo-2r",
-                              storage=f"sqlite:///{tmp_path}/home/autotune.db")  # fmt: skip
+    p = autotune(
+        env,
+        "run",
+        "--study",
+        "quick",
+        "--space",
+        "space.yaml",
+        "--sampler",
+        "grid",
+        "--budget",
+        "60s",
+        "--validate-top",
+        "0",
+        "--global-batch",
+        "128",
+        "--",
+        "torchrun",
+        "--nproc-per-node",
+        "2",
+        "train.py",
+        cwd=tmp_path,
+        timeout=300,
+    )
+    study = optuna.load_study(
+        study_name="quick-script-train-gloo-2r", storage=f"sqlite:///{tmp_path}/home/autotune.db"
+    )
     base = study.trials[0].user_attrs
     curve = base["loss_curve"]
     assert base["baseline"] and len(curve) == 16 and curve[-1] < 0.5 * curve[0], p.stdout
@@ -348,8 +429,15 @@ def test_a_script_over_max_memory_fails_its_trial_as_oom(tmp_path):
     script.write_text(UNDERFLOW.replace("SEED", "0"))
     cmd = [os.path.join(BIN, "torchrun"), "--nproc-per-node", "2", str(script)]
     with pytest.raises(TrialFailed) as e:
-        run_script(cmd, config(), world_size=2, measure=MeasureSettings(), timeout_s=120,
-                   cwd=tmp_path, max_memory_mb=50)  # fmt: skip
+        run_script(
+            cmd,
+            config(),
+            world_size=2,
+            measure=MeasureSettings(),
+            timeout_s=120,
+            cwd=tmp_path,
+            max_memory_mb=50,
+        )
     assert e.value.reason == FailureReason.OOM
     assert re.search(r"rank 0: peak memory \d+ MiB is over --max-memory 50 MiB", e.value.detail)
 
@@ -371,27 +459,50 @@ def steps(n: int, loss: str | None = None) -> str:
 @pytest.mark.parametrize(
     ("report", "reason", "says"),
     [
-        pytest.param("t 5.0\n" * 300, FailureReason.CRASH,
-                     "step report rank-0.steps line 2: time stamp 5.0 is not after the one "
-                     "before (5.0)", id="H-S18-equal-stamps"),
-        pytest.param("".join(f"t {500 - k / 100}\n" for k in range(300)), FailureReason.CRASH,
-                     "step report rank-0.steps line 2: time stamp 499.99 is not after",
-                     id="H-S18-backwards-stamps"),
-        pytest.param("t 1.0\nt nan\n", FailureReason.CRASH,
-                     "step report rank-0.steps line 2: time stamp nan", id="H-S18-nan-stamp"),
-        pytest.param(steps(400, "1e308"), FailureReason.NAN,
-                     "the script reported loss inf over its measured steps",
-                     id="H-S18-losses-whose-mean-overflows"),
-        pytest.param("t 1.0\nl inf\nt 1.5\nl -inf\n", FailureReason.NAN,
-                     "the script reported loss -inf after 2 steps", id="H-S18-infinite-losses"),
+        pytest.param(
+            "t 5.0\n" * 300,
+            FailureReason.CRASH,
+            "step report rank-0.steps line 2: time stamp 5.0 is not after the one before (5.0)",
+            id="H-S18-equal-stamps",
+        ),
+        pytest.param(
+            "".join(f"t {500 - k / 100}\n" for k in range(300)),
+            FailureReason.CRASH,
+            "step report rank-0.steps line 2: time stamp 499.99 is not after",
+            id="H-S18-backwards-stamps",
+        ),
+        pytest.param(
+            "t 1.0\nt nan\n",
+            FailureReason.CRASH,
+            "step report rank-0.steps line 2: time stamp nan",
+            id="H-S18-nan-stamp",
+        ),
+        pytest.param(
+            steps(400, "1e308"),
+            FailureReason.NAN,
+            "the script reported loss inf over its measured steps",
+            id="H-S18-losses-whose-mean-overflows",
+        ),
+        pytest.param(
+            "t 1.0\nl inf\nt 1.5\nl -inf\n",
+            FailureReason.NAN,
+            "the script reported loss -inf after 2 steps",
+            id="H-S18-infinite-losses",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_script_with_bad_step_reports_fails_in_one_line(tmp_path, report, reason, says):
     (tmp_path / "report.txt").write_text(report)
     (tmp_path / "reporter.py").write_text(REPORTER)
     with pytest.raises(TrialFailed) as e:
-        run_script([sys.executable, "reporter.py"], config(), world_size=2,
-                   measure=SCRIPT_MEASURE, timeout_s=20, cwd=tmp_path)  # fmt: skip
+        run_script(
+            [sys.executable, "reporter.py"],
+            config(),
+            world_size=2,
+            measure=SCRIPT_MEASURE,
+            timeout_s=20,
+            cwd=tmp_path,
+        )
     assert e.value.reason == reason and e.value.detail.startswith(says), e.value.detail
     assert "\n" not in e.value.detail
 
@@ -417,8 +528,15 @@ def test_a_script_printing_past_the_cap_leaves_a_capped_log_and_its_last_line(
     monkeypatch.setattr(logfile, "LIMIT", logfile.Limit(1 << 20, 64 << 10, 64 << 10))
     (tmp_path / "flood.py").write_text(FLOOD)
     with pytest.raises(TrialFailed) as e:
-        run_script([sys.executable, "flood.py"], config(), world_size=2, measure=SCRIPT_MEASURE,
-                   timeout_s=60, cwd=tmp_path, log_dir=tmp_path)  # fmt: skip
+        run_script(
+            [sys.executable, "flood.py"],
+            config(),
+            world_size=2,
+            measure=SCRIPT_MEASURE,
+            timeout_s=60,
+            cwd=tmp_path,
+            log_dir=tmp_path,
+        )
     assert "status 3" in e.value.detail
     assert e.value.detail.endswith(": out of data: shard 3 is empty")
     log = (tmp_path / "script.log").read_bytes()
@@ -446,12 +564,19 @@ def test_a_crashed_script_s_last_line_is_read_from_the_end_of_its_log(tmp_path):
     for size in ("small", "big"):
         before = int(io.read_text().split("rchar:")[1].split()[0])
         with pytest.raises(TrialFailed) as e:
-            run_script([sys.executable, "big.py", size], config(), world_size=2,
-                       measure=SCRIPT_MEASURE, timeout_s=60, cwd=tmp_path,
-                       log_dir=tmp_path)  # fmt: skip
+            run_script(
+                [sys.executable, "big.py", size],
+                config(),
+                world_size=2,
+                measure=SCRIPT_MEASURE,
+                timeout_s=60,
+                cwd=tmp_path,
+                log_dir=tmp_path,
+            )
         read.append(int(io.read_text().split("rchar:")[1].split()[0]) - before)
-        assert e.value.detail.endswith("status 1 before it was measured (no step reported): "
-                                       "the last words")  # fmt: skip
+        assert e.value.detail.endswith(
+            "status 1 before it was measured (no step reported): the last words"
+        )
     assert (tmp_path / "script.log").stat().st_size > 60 << 20
     assert read[1] - read[0] < 4 << 20, read  # the log is 60 MiB
 
@@ -464,9 +589,25 @@ def test_a_command_that_exits_at_once_fails_with_its_own_error_and_its_log(
     baseline's failure names the script's own error line and where its output is."""
     (tmp_path / "train.py").write_text("import argparse\nargparse.ArgumentParser().parse_args()\n")
     env = {**run_env, "PATH": BIN + os.pathsep + run_env.get("PATH", "")}
-    p = autotune(env, "run", "--study", "quick", "--budget", "1m", "--global-batch", "128",
-                 "--address", ray_address, "--", sys.executable, "train.py", "--bad-flag",
-                 cwd=tmp_path, rc=1, timeout=300)  # fmt: skip
+    p = autotune(
+        env,
+        "run",
+        "--study",
+        "quick",
+        "--budget",
+        "1m",
+        "--global-batch",
+        "128",
+        "--address",
+        ray_address,
+        "--",
+        sys.executable,
+        "train.py",
+        "--bad-flag",
+        cwd=tmp_path,
+        rc=1,
+        timeout=300,
+    )
     said = p.stdout + p.stderr
     assert "Failed to deserialize" not in said and "Unserializable" not in said, said
     assert "error: unrecognized arguments: --bad-flag" in said, said

@@ -73,9 +73,14 @@ class Run:
     def __init__(self, env: dict[str, str], cwd: Path, *args: str) -> None:
         self.home = Path(env["AUTOTUNE_HOME"])
         self.p = subprocess.Popen(
-            [AUTOTUNE, "run", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        )  # fmt: skip
+            [AUTOTUNE, "run", *args],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -192,30 +197,67 @@ class Phase:
     lives in the test's directory."""
 
 
-NO_SEARCH = ("--study", "quick", "--budget", "5m", "--n-trials", "2", "--validate-top", "0",
-             "--no-screening")  # fmt: skip
+NO_SEARCH = (
+    "--study",
+    "quick",
+    "--budget",
+    "5m",
+    "--n-trials",
+    "2",
+    "--validate-top",
+    "0",
+    "--no-screening",
+)
 PHASES = {
     # H-T01: Ray's core worker starting inside ray.init (the local instance's own start)
-    "ray-start": Phase(("--study", "quick", "--budget", "2m"),
-                       lambda r: core_worker_started(r.p.pid), study=None, local=True),
+    "ray-start": Phase(
+        ("--study", "quick", "--budget", "2m"),
+        lambda r: core_worker_started(r.p.pid),
+        study=None,
+        local=True,
+    ),
     # H-T02: a trial after the baseline running its ranks
-    "trial": Phase(("--study", "quick", "--budget", "5m"),
-                   lambda r: trial_running(r.home, QUICK), study=QUICK),
+    "trial": Phase(
+        ("--study", "quick", "--budget", "5m"), lambda r: trial_running(r.home, QUICK), study=QUICK
+    ),
     # H-T03: the re-validation of a trial that beat the baseline
-    "re-validation": Phase(("--study", "quick", "--trainer", "slowdata:workload", "--space",
-                            "space.yaml", "--sampler", "grid", "--n-trials", "3",
-                            "--no-screening", "--budget", "5m"),
-                           lambda r: lambda: r.said("Re-validating "), study=SLOW, local=True),
+    "re-validation": Phase(
+        (
+            "--study",
+            "quick",
+            "--trainer",
+            "slowdata:workload",
+            "--space",
+            "space.yaml",
+            "--sampler",
+            "grid",
+            "--n-trials",
+            "3",
+            "--no-screening",
+            "--budget",
+            "5m",
+        ),
+        lambda r: lambda: r.said("Re-validating "),
+        study=SLOW,
+        local=True,
+    ),
     # H-T04: the limit probe (no first measurement: the baseline is probed again)
-    "limit": Phase(NO_SEARCH, lambda r: lambda: r.said("Measuring how far from the limit"),
-                   study=QUICK),
+    "limit": Phase(
+        NO_SEARCH, lambda r: lambda: r.said("Measuring how far from the limit"), study=QUICK
+    ),
     # H-T05: the export, as it begins (the limit record written)
     "export": Phase(NO_SEARCH, lambda r: study_has(r.home, "limit"), study=QUICK),
-}  # fmt: skip
+}
 
 
-def sigterm_at(name: str, tmp_path: Path, run_env: dict[str, str], request,
-               again_after_s: float | None = None, after_s: float = 0.0) -> None:  # fmt: skip
+def sigterm_at(
+    name: str,
+    tmp_path: Path,
+    run_env: dict[str, str],
+    request,
+    again_after_s: float | None = None,
+    after_s: float = 0.0,
+) -> None:
     """Start a run, SIGTERM it at phase ``name`` (``after_s`` later), check how it ended."""
     phase = PHASES[name]
     args = list(phase.args)
@@ -287,8 +329,9 @@ STRESS = (
 
 
 @pytest.mark.stress
-@pytest.mark.parametrize(("name", "after_s", "i"), STRESS,
-                         ids=[f"{n}+{s}s-{i}" for n, s, i in STRESS])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "after_s", "i"), STRESS, ids=[f"{n}+{s}s-{i}" for n, s, i in STRESS]
+)
 def test_sigterm_at_every_phase_20_tries(tmp_path, run_env, request, name, after_s, i):
     """H-T06: 20 SIGTERMs over the phases, each try a run of its own: every one exits 143 with
     the terminated line, the profile where a trial completed, nothing left running."""

@@ -27,8 +27,9 @@ def study_of(run_env):
 def test_a_storage_that_fails_mid_run_stops_it_with_the_reason_and_the_profile(
     ray_address, run_env
 ):
-    p = started_run(run_env, "--study", "quick", "--budget", "5m", "--address", ray_address,
-                    after_trials=2)  # fmt: skip
+    p = started_run(
+        run_env, "--study", "quick", "--budget", "5m", "--address", ray_address, after_trials=2
+    )
     db = Path(run_env["AUTOTUNE_HOME"]) / "autotune.db"
     try:
         # Another writer holds the database longer than the run's busy timeout: the run's next

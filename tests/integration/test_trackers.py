@@ -16,8 +16,19 @@ pytestmark = pytest.mark.integration
 
 def test_a_run_logged_to_tensorboard_records_each_trial_once_and_its_result(ray_address, run_env):
     home = run_env["AUTOTUNE_HOME"]
-    p = autotune(run_env, "run", "--study", "quick", "--budget", f"{BUDGET_S}s", "--address",
-                 ray_address, "--log-to", "tensorboard", "--quiet")  # fmt: skip
+    p = autotune(
+        run_env,
+        "run",
+        "--study",
+        "quick",
+        "--budget",
+        f"{BUDGET_S}s",
+        "--address",
+        ray_address,
+        "--log-to",
+        "tensorboard",
+        "--quiet",
+    )
     logdir = f"{home}/tensorboard/{STUDY}"
     assert f"Logging each trial to TensorBoard: {logdir}" in p.stdout
     study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{home}/autotune.db")
@@ -30,8 +41,11 @@ def test_a_run_logged_to_tensorboard_records_each_trial_once_and_its_result(ray_
     for e in records:
         t = ended[e.step]
         assert e.tensor_proto.string_val[0].decode().startswith(f"trial {t.number}: {t.state.name}")
-    measured = {n: t.user_attrs["throughput"] for n, t in ended.items()
-                if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}  # fmt: skip
+    measured = {
+        n: t.user_attrs["throughput"]
+        for n, t in ended.items()
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+    }
     got = {e.step: e.value for e in acc.Scalars("trial/throughput")}
     assert got == pytest.approx(measured)
     low = {e.step: e.value for e in acc.Scalars("trial/interval_low")}

@@ -105,28 +105,52 @@ def test_a_trial_clearly_below_the_incumbent_is_pruned_with_its_partial_numbers(
     from autotune.core.stats import Interval
 
     base = run(runner, config())
-    far_above = Interval(median=base.throughput * 10, low=base.throughput * 9,
-                         high=base.throughput * 11, n=5)  # fmt: skip
-    res = runner.run(trial=1, trainer=TRAINER, trainer_options={}, config=config(),
-                     measure=QUICK, seed=0, timeout_s=120, incumbent=far_above)  # fmt: skip
+    far_above = Interval(
+        median=base.throughput * 10, low=base.throughput * 9, high=base.throughput * 11, n=5
+    )
+    res = runner.run(
+        trial=1,
+        trainer=TRAINER,
+        trainer_options={},
+        config=config(),
+        measure=QUICK,
+        seed=0,
+        timeout_s=120,
+        incumbent=far_above,
+    )
     assert res.pruned and res.ranks[0].stop == "pruned"
     assert len(res.windows) == QUICK.prune_after  # stopped as soon as the rule may act
     assert res.interval.high < far_above.low
     # an incumbent within reach never prunes ("within reach" allows for this shared machine's
     # run-to-run noise: the same configuration measured 418-617 samples/s within minutes)
-    near = Interval(median=base.throughput * 0.9, low=base.throughput * 0.6,
-                    high=base.throughput * 1.2, n=5)  # fmt: skip
-    res = runner.run(trial=2, trainer=TRAINER, trainer_options={}, config=config(),
-                     measure=QUICK, seed=0, timeout_s=120, incumbent=near)  # fmt: skip
+    near = Interval(
+        median=base.throughput * 0.9, low=base.throughput * 0.6, high=base.throughput * 1.2, n=5
+    )
+    res = runner.run(
+        trial=2,
+        trainer=TRAINER,
+        trainer_options={},
+        config=config(),
+        measure=QUICK,
+        seed=0,
+        timeout_s=120,
+        incumbent=near,
+    )
     assert not res.pruned
 
 
 def test_the_ranks_see_torchruns_variables_for_the_trials_process_group(runner, tmp_path):
     import json
 
-    res = runner.run(trial=0, trainer="autotune_test_trainers:reads_torchrun_env",
-                     trainer_options={"out_dir": str(tmp_path)}, config=config(),
-                     measure=QUICK, seed=0, timeout_s=120)  # fmt: skip
+    res = runner.run(
+        trial=0,
+        trainer="autotune_test_trainers:reads_torchrun_env",
+        trainer_options={"out_dir": str(tmp_path)},
+        config=config(),
+        measure=QUICK,
+        seed=0,
+        timeout_s=120,
+    )
     assert res.throughput > 0
     seen = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
     for rank, s in enumerate(seen):

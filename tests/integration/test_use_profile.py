@@ -23,22 +23,31 @@ from tests.conftest import REPO, autotune_cmd
 
 pytestmark = pytest.mark.integration
 
-CPU = Target(backend="gloo", device="cpu", world_size=2, global_batch=64, cpus_per_rank=1,
-             bf16=True)  # fmt: skip
+CPU = Target(
+    backend="gloo", device="cpu", world_size=2, global_batch=64, cpus_per_rank=1, bf16=True
+)
 
 
 def cpu_profile(path, *, hardware=None, **changes) -> Profile:
     values = {**SearchSpace.load("default").resolve(CPU).defaults(), **changes}
-    here = {k: v for k, v in describe("gloo").items() if k in (
-        "device", "device_name", "device_count", "torch", "nccl")}  # fmt: skip
+    here = {
+        k: v
+        for k, v in describe("gloo").items()
+        if k in ("device", "device_name", "device_count", "torch", "nccl")
+    }
     profile = Profile.from_config(
         TrialConfig.from_values(values, CPU),
         study={"name": "test", "best_trial": 3, "baseline_trial": 0},
-        workload={"trainer": "mlp", "options": {}, "world_size": 2, "backend": "gloo",
-                  "global_batch": 64},
+        workload={
+            "trainer": "mlp",
+            "options": {},
+            "world_size": 2,
+            "backend": "gloo",
+            "global_batch": 64,
+        },
         hardware={**here, "node_count": 1, **(hardware or {})},
         measured={"baseline_samples_per_s": 1.0, "best_samples_per_s": 2.0, "speedup": 2.0},
-    )  # fmt: skip
+    )
     profile.save(path)
     return profile
 
@@ -51,15 +60,35 @@ def readme_example() -> str:
 
 def test_the_readme_training_script_runs_under_launch_and_torchrun(tmp_path):
     profile = tmp_path / "best.yaml"
-    cpu_profile(profile, micro_batch=16, comm_hook="fp16", bucket_cap_mb=5.0,
-                precision="bf16", num_workers=1, prefetch_factor=2)  # fmt: skip
+    cpu_profile(
+        profile,
+        micro_batch=16,
+        comm_hook="fp16",
+        bucket_cap_mb=5.0,
+        precision="bf16",
+        num_workers=1,
+        prefetch_factor=2,
+    )
     script = tmp_path / "train.py"
     script.write_text(readme_example())
     p = subprocess.run(
-        autotune_cmd("launch", str(profile), "--", sys.executable, "-m", "torch.distributed.run",
-                     "--nproc-per-node", "2", str(script), str(profile)),
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
-    )  # fmt: skip
+        autotune_cmd(
+            "launch",
+            str(profile),
+            "--",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            str(script),
+            str(profile),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     # 1024 samples / 2 ranks / micro-batch 16 = 32 micro-steps, 2 per optimizer step
     assert "trained 32 micro-steps of 16" in p.stdout
@@ -74,12 +103,14 @@ def test_env_prints_export_lines_that_a_shell_reads_back(tmp_path):
     # holds only the knob registry's NCCL variables, OMP_NUM_THREADS and glibc's allocator pin)
     profile.env["NCCL_ALGO"] = "Tree"
     profile.save(path)
-    out = subprocess.run(autotune_cmd("env", str(path)), capture_output=True, text=True,
-                         check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        autotune_cmd("env", str(path)), capture_output=True, text=True, check=True
+    ).stdout
     assert "export OMP_NUM_THREADS=1" in out
     assert "export MALLOC_MMAP_THRESHOLD_=33554432" in out  # how every trial ran
-    shown = subprocess.run(["bash", "-c", out + 'printf "%s" "$NCCL_ALGO"'],
-                           capture_output=True, text=True).stdout  # fmt: skip
+    shown = subprocess.run(
+        ["bash", "-c", out + 'printf "%s" "$NCCL_ALGO"'], capture_output=True, text=True
+    ).stdout
     assert shown == "Tree"
 
 
@@ -89,9 +120,18 @@ def test_launch_applies_the_env_returns_the_exit_code_and_warns_on_other_hardwar
     profile = Profile.load(path)
     profile.env["NCCL_ALGO"] = "Ring"
     profile.save(path)
-    p = subprocess.run(autotune_cmd("launch", str(path), "--", "bash", "-c",
-                                    'echo "$NCCL_ALGO $MALLOC_TRIM_THRESHOLD_"; exit 7'),
-                       capture_output=True, text=True)  # fmt: skip
+    p = subprocess.run(
+        autotune_cmd(
+            "launch",
+            str(path),
+            "--",
+            "bash",
+            "-c",
+            'echo "$NCCL_ALGO $MALLOC_TRIM_THRESHOLD_"; exit 7',
+        ),
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 7 and p.stdout.strip() == "Ring 1073741824"
     assert "measured on other hardware: device_name: 'NVIDIA H100 80GB HBM3'" in p.stderr
     assert "torch: '2.99.0'" in p.stderr
@@ -124,9 +164,13 @@ def test_autotune_dashboard_serves_the_study(tmp_path, run_env):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen(autotune_cmd("dashboard", "--storage", url, "--port", str(port)),
-                              env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True)  # fmt: skip
+    server = subprocess.Popen(
+        autotune_cmd("dashboard", "--storage", url, "--port", str(port)),
+        env=run_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         assert f"http://127.0.0.1:{port}/" in server.stdout.readline()
         names = None

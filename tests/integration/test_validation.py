@@ -24,10 +24,21 @@ from tests.integration.conftest import QUICK, TARGET, config
 
 pytestmark = pytest.mark.integration
 
-WORKLOAD = {"trainer": "autotune_test_trainers:tiny", "options": {}, "world_size": 2,
-            "backend": "gloo", "global_batch": 32}  # fmt: skip
-HARDWARE = {"device": "cpu", "device_name": "cpu", "device_count": 2, "node_count": 1,
-            "torch": "2.13.0", "nccl": None}  # fmt: skip
+WORKLOAD = {
+    "trainer": "autotune_test_trainers:tiny",
+    "options": {},
+    "world_size": 2,
+    "backend": "gloo",
+    "global_batch": 32,
+}
+HARDWARE = {
+    "device": "cpu",
+    "device_name": "cpu",
+    "device_count": 2,
+    "node_count": 1,
+    "torch": "2.13.0",
+    "nccl": None,
+}
 
 
 def test_a_search_winner_that_remeasures_slower_is_not_exported_and_the_job_today_is_measured(

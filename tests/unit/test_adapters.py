@@ -26,10 +26,18 @@ from autotune.definition.space import SearchSpace
 from autotune.profile.profile import Profile
 from tests.conftest import REPO
 
-CPU = Target(backend="gloo", device="cpu", world_size=2, global_batch=64, cpus_per_rank=4,
-             bf16=True)  # fmt: skip
-GPU = Target(backend="nccl", device="cuda", world_size=4, global_batch=256, cpus_per_rank=8,
-             bf16=True, tf32=True)  # fmt: skip
+CPU = Target(
+    backend="gloo", device="cpu", world_size=2, global_batch=64, cpus_per_rank=4, bf16=True
+)
+GPU = Target(
+    backend="nccl",
+    device="cuda",
+    world_size=4,
+    global_batch=256,
+    cpus_per_rank=8,
+    bf16=True,
+    tf32=True,
+)
 MIB = 2**20
 
 
@@ -38,25 +46,51 @@ def make(target: Target = CPU, **changes) -> Profile:
     return Profile.from_config(
         TrialConfig.from_values(values, target),
         study={"name": "s", "best_trial": 3, "baseline_trial": 0},
-        workload={"trainer": "mlp", "options": {}, "world_size": target.world_size,
-                  "backend": target.backend, "global_batch": target.global_batch},
+        workload={
+            "trainer": "mlp",
+            "options": {},
+            "world_size": target.world_size,
+            "backend": target.backend,
+            "global_batch": target.global_batch,
+        },
         hardware={"device": target.device},
         measured={"baseline_samples_per_s": 1.0, "best_samples_per_s": 2.0, "speedup": 2.0},
-    )  # fmt: skip
+    )
 
 
 #: Profiles that between them move every knob off its default.
 PROFILES = {
     "defaults": make(),
-    "cpu-tuned": make(micro_batch=8, bucket_cap_mb=5.0, gradient_as_bucket_view=True,
-                      comm_hook="fp16", num_workers=2, prefetch_factor=4,
-                      persistent_workers=True, precision="bf16", threads=2,
-                      compile="default"),
-    "gpu-powersgd": make(GPU, comm_hook="powersgd", powersgd_rank=4, pin_memory=True,
-                         precision="tf32", NCCL_ALGO="Ring", NCCL_PROTO="LL128"),
-    "gpu-static": make(GPU, static_graph=True, comm_hook="bf16", precision="fp16",
-                       NCCL_BUFFSIZE=8388608, NCCL_NTHREADS=256),
-}  # fmt: skip
+    "cpu-tuned": make(
+        micro_batch=8,
+        bucket_cap_mb=5.0,
+        gradient_as_bucket_view=True,
+        comm_hook="fp16",
+        num_workers=2,
+        prefetch_factor=4,
+        persistent_workers=True,
+        precision="bf16",
+        threads=2,
+        compile="default",
+    ),
+    "gpu-powersgd": make(
+        GPU,
+        comm_hook="powersgd",
+        powersgd_rank=4,
+        pin_memory=True,
+        precision="tf32",
+        NCCL_ALGO="Ring",
+        NCCL_PROTO="LL128",
+    ),
+    "gpu-static": make(
+        GPU,
+        static_graph=True,
+        comm_hook="bf16",
+        precision="fp16",
+        NCCL_BUFFSIZE=8388608,
+        NCCL_NTHREADS=256,
+    ),
+}
 
 
 # -- every knob classified ------------------------------------------------------------------
@@ -165,8 +199,11 @@ def test_lightning_strategy_and_trainer_arguments():
     assert ps["ddp_comm_state"].start_powerSGD_iter == POWERSGD_START_ITER
     assert "ddp_comm_hook" not in light.strategy_kwargs(PROFILES["defaults"])
     assert {n: light.trainer_kwargs(PROFILES[n])["precision"] for n in PROFILES} == {
-        "defaults": "32-true", "cpu-tuned": "bf16-mixed", "gpu-powersgd": "32-true",
-        "gpu-static": "16-mixed"}  # fmt: skip
+        "defaults": "32-true",
+        "cpu-tuned": "bf16-mixed",
+        "gpu-powersgd": "32-true",
+        "gpu-static": "16-mixed",
+    }
     assert light.trainer_kwargs(p)["accumulate_grad_batches"] == 4
 
 
@@ -193,16 +230,17 @@ def test_accelerate_ddp_kwargs_register_the_profiles_hook_on_a_real_ddp_module()
     p = PROFILES["gpu-powersgd"]
     (handler,) = acc.kwargs_handlers(p)
     assert handler.comm_hook is DDPCommunicationHookType.POWER_SGD
-    assert handler.comm_state_option == {"matrix_approximation_rank": 4,
-                                         "start_powerSGD_iter": POWERSGD_START_ITER}  # fmt: skip
+    assert handler.comm_state_option == {
+        "matrix_approximation_rank": 4,
+        "start_powerSGD_iter": POWERSGD_START_ITER,
+    }
     kw = acc.accelerator_kwargs(PROFILES["cpu-tuned"])
     assert (kw["mixed_precision"], kw["gradient_accumulation_steps"]) == ("bf16", 4)
     (tuned,) = kw["kwargs_handlers"]
     assert tuned.to_kwargs() == {"bucket_cap_mb": 5.0, "gradient_as_bucket_view": True}
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:  # what Accelerator.prepare does with the handler
-        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4),
-                                                        **tuned.to_kwargs())  # fmt: skip
+        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4), **tuned.to_kwargs())
         tuned.register_comm_hook(ddp)
         assert ddp.bucket_bytes_cap == 5 * MIB and ddp.gradient_as_bucket_view
         assert compat.ddp_logging(ddp)["comm_hook"] == "fp16_compress_hook"
@@ -220,12 +258,18 @@ def test_hf_training_arguments_are_real_fields_with_the_profiles_values(tmp_path
     p = PROFILES["cpu-tuned"]
     kw = hf.training_arguments_kwargs(p)
     assert kw == {
-        "per_device_train_batch_size": 8, "gradient_accumulation_steps": 4,
-        "ddp_bucket_cap_mb": 5, "ddp_static_graph": False, "ddp_find_unused_parameters": False,
-        "dataloader_num_workers": 2, "dataloader_pin_memory": False,
-        "dataloader_prefetch_factor": 4, "dataloader_persistent_workers": True,
-        "bf16": True, "fp16": False,
-    }  # fmt: skip
+        "per_device_train_batch_size": 8,
+        "gradient_accumulation_steps": 4,
+        "ddp_bucket_cap_mb": 5,
+        "ddp_static_graph": False,
+        "ddp_find_unused_parameters": False,
+        "dataloader_num_workers": 2,
+        "dataloader_pin_memory": False,
+        "dataloader_prefetch_factor": 4,
+        "dataloader_persistent_workers": True,
+        "bf16": True,
+        "fp16": False,
+    }
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **kw)
     assert {k: getattr(args, k) for k in kw} == kw
     assert hf.training_arguments_kwargs(PROFILES["gpu-powersgd"])["tf32"] is True
@@ -322,8 +366,9 @@ def test_importing_the_adapters_and_rendering_import_no_framework_nor_the_tuner(
         "heavy = ('lightning', 'accelerate', 'transformers', 'optuna', 'ray')\n"
         "print(json.dumps(sorted(m for m in heavy if m in sys.modules)))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                         text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
     assert json.loads(out) == []
 
 

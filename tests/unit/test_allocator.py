@@ -52,8 +52,14 @@ PAGES = 6 * 16 * 2**20 // 4096
 
 
 def run_child(mode: str, *args: str, env: dict | None = None) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, mode, *args], capture_output=True,
-                         text=True, check=True, timeout=120, env=env)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, mode, *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        env=env,
+    )
     return json.loads(out.stdout)
 
 

@@ -216,14 +216,30 @@ def test_the_rank_and_the_profile_apply_the_same_settings():
         threads=1,
     )
     measure = MeasureSettings(
-        min_warmup_steps=0, settle_window=1, settle_tol=10.0, max_warmup_steps=2,
-        window_s=0.001, min_steps=1, max_steps=2, min_windows=1, max_windows=1,
-    )  # fmt: skip
+        min_warmup_steps=0,
+        settle_window=1,
+        settle_tol=10.0,
+        max_warmup_steps=2,
+        window_s=0.001,
+        min_steps=1,
+        max_steps=2,
+        min_windows=1,
+        max_windows=1,
+    )
     options = {"width": 16, "outputs": 4, "layers": 1, "samples": 64, "global_batch": 8}
     spec = RankSpec(
-        trial=0, rank=0, world_size=1, backend="gloo", master_addr="127.0.0.1", master_port=0,
-        trainer="mlp", trainer_options=options, config=config, measure=measure, timeout_s=60.0,
-    )  # fmt: skip
+        trial=0,
+        rank=0,
+        world_size=1,
+        backend="gloo",
+        master_addr="127.0.0.1",
+        master_port=0,
+        trainer="mlp",
+        trainer_options=options,
+        config=config,
+        measure=measure,
+        timeout_s=60.0,
+    )
     threads = torch.get_num_threads()
     store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
     try:

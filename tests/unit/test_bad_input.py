@@ -239,8 +239,17 @@ def test_a_hostile_study_name_from_a_shared_database_stays_inside_the_run_direct
         from_study_name="s", from_storage=url, to_storage=url, to_study_name="../../x"
     )
     run_dir = tmp_path / "a" / "b" / "run"
-    p = in_process("report", "--storage", url, "--study-name", "../../x", "--run-dir",
-                   str(run_dir), cwd=tmp_path, env={"TMPDIR": str(tmp_path)})  # fmt: skip
+    p = in_process(
+        "report",
+        "--storage",
+        url,
+        "--study-name",
+        "../../x",
+        "--run-dir",
+        str(run_dir),
+        cwd=tmp_path,
+        env={"TMPDIR": str(tmp_path)},
+    )
     assert p.returncode == 0, p.stderr
     written = [Path(line) for line in p.stdout.split()]
     assert written and all(run_dir / "reports" in w.parents for w in written), written

@@ -21,9 +21,18 @@ def bench():
 
 
 def run(name, sampler, seed, exported, overheads=(2.0, 3.0, 4.0), efficiency=0.75):
-    return {"name": name, "sampler": sampler, "seed": seed, "exported_speedup": exported,
-            "overheads_s": list(overheads), "efficiency": efficiency, "trials": 10,
-            "pruned": 2, "failed": 0, "overhead_median_s": 3.0}  # fmt: skip
+    return {
+        "name": name,
+        "sampler": sampler,
+        "seed": seed,
+        "exported_speedup": exported,
+        "overheads_s": list(overheads),
+        "efficiency": efficiency,
+        "trials": 10,
+        "pruned": 2,
+        "failed": 0,
+        "overhead_median_s": 3.0,
+    }
 
 
 def raw_data():
@@ -38,7 +47,7 @@ def raw_data():
             "oracle": "oracle",
             "oracle-top1": "oracle",
             "oracle-top2": "oracle-top2",
-        },  # fmt: skip
+        },
         "samples": {
             "defaults": [100.0, 104.0, 96.0],
             "recipe": [50.0, 52.0, None],  # its third round failed
@@ -74,8 +83,14 @@ def test_exported_defaults_and_ties_are_not_wins_or_reproductions(bench):
     res = bench.analyse(raw_data())
     g = res["goals"]
     # seed 0: tuner beats random's defaults beyond the noise; seed 1: both exported the same
-    assert g["tuner_vs_random"] == {"wins": 1, "beyond_noise": 1, "ties": 1, "losses": 0,
-                                    "losses_beyond_noise": 0, "n/a": 0}  # fmt: skip
+    assert g["tuner_vs_random"] == {
+        "wins": 1,
+        "beyond_noise": 1,
+        "ties": 1,
+        "losses": 0,
+        "losses_beyond_noise": 0,
+        "n/a": 0,
+    }
     assert g["tuner_beats_or_ties_random_goal_met"] is True  # a win and a tie: 2 of 2
     runs = {r["name"]: r for r in res["runs"]}
     assert runs["random-s0"]["exported_defaults"] and runs["random-s0"]["reproduces"] is None
@@ -131,16 +146,35 @@ def test_efficiency_counts_the_timed_windows_after_the_search(bench):
     one = IntervalRecord(median=1.0, low=1.0, high=1.0, n=2)
     arm = ArmRecord(throughput=one, speedup=one, beats_baseline=False)
     study = optuna.create_study()
-    save(study, ValidationRecord(
-        winner="baseline", speedup=one, beats_baseline=False, results={"baseline": arm},
-        reason="", trials={"baseline": 0}, order=[], measurements={"baseline": []},
-        timed_s=30.0,
-    ))  # fmt: skip
+    save(
+        study,
+        ValidationRecord(
+            winner="baseline",
+            speedup=one,
+            beats_baseline=False,
+            results={"baseline": arm},
+            reason="",
+            trials={"baseline": 0},
+            order=[],
+            measurements={"baseline": []},
+            timed_s=30.0,
+        ),
+    )
     assert bench._after_search_timed_s(study) == 30.0  # no ablation
     joint = JointCheck(knobs=["a", "b"], kept_back=False, timed_s=5.0)
-    ablation = AblationRecord(trial=1, rounds=2, order=[], measurements={}, contributions={},
-                              dropped=[], together=False, joint=joint, params={}, config={},
-                              timed_s=20.0)  # fmt: skip
+    ablation = AblationRecord(
+        trial=1,
+        rounds=2,
+        order=[],
+        measurements={},
+        contributions={},
+        dropped=[],
+        together=False,
+        joint=joint,
+        params={},
+        config={},
+        timed_s=20.0,
+    )
     save(study, ablation)
     assert bench._after_search_timed_s(study) == 55.0
     save(study, dataclasses.replace(ablation, joint=None))

@@ -22,11 +22,22 @@ COMM_BOUND = {
     "samples_per_step": 128,
     "accumulation_steps": 1,
     "ddp": {"data": 0.002, "forward": 0.021, "backward": 0.62, "optimizer": 0.066, "step": 0.709},
-    "compute": {"data": 0.002, "forward": 0.021, "backward": 0.049, "optimizer": 0.068,
-                "step": 0.14},
-    "comm": {"comm_s": 0.563, "last_bucket_s": 0.281, "buckets": 2, "wire_bytes": 67_272_768,
-             "fit_bytes": [1024, 131072, 4194304], "fit_s": [0.000624, 0.000865, 0.034699]},
-}  # fmt: skip
+    "compute": {
+        "data": 0.002,
+        "forward": 0.021,
+        "backward": 0.049,
+        "optimizer": 0.068,
+        "step": 0.14,
+    },
+    "comm": {
+        "comm_s": 0.563,
+        "last_bucket_s": 0.281,
+        "buckets": 2,
+        "wire_bytes": 67_272_768,
+        "fit_bytes": [1024, 131072, 4194304],
+        "fit_s": [0.000624, 0.000865, 0.034699],
+    },
+}
 
 
 def rec(**changes):
@@ -35,14 +46,27 @@ def rec(**changes):
 
 #: A tiny model: a 4 KB all-reduce whose time is all per-message latency, 68 % of the step.
 LATENCY_BOUND = rec(
-    ddp__backward=0.0075, ddp__step=0.01, ddp__forward=0.001, ddp__optimizer=0.0005,
-    ddp__data=0.001, compute__backward=0.0007, comm__comm_s=0.0068, comm__last_bucket_s=0.0068,
-    comm__buckets=1, comm__wire_bytes=4096, comm__fit_bytes=[1024, 131072, 4194304],
+    ddp__backward=0.0075,
+    ddp__step=0.01,
+    ddp__forward=0.001,
+    ddp__optimizer=0.0005,
+    ddp__data=0.001,
+    compute__backward=0.0007,
+    comm__comm_s=0.0068,
+    comm__last_bucket_s=0.0068,
+    comm__buckets=1,
+    comm__wire_bytes=4096,
+    comm__fit_bytes=[1024, 131072, 4194304],
     comm__fit_s=[0.0068, 0.0069, 0.0071],
-)  # fmt: skip
+)
 #: Everything hidden: the all-reduce is shorter than the backward it overlaps.
-COMPUTE_BOUND = rec(ddp__backward=0.3, ddp__step=0.39, compute__backward=0.3,
-                    comm__comm_s=0.05, comm__last_bucket_s=0.02)  # fmt: skip
+COMPUTE_BOUND = rec(
+    ddp__backward=0.3,
+    ddp__step=0.39,
+    compute__backward=0.3,
+    comm__comm_s=0.05,
+    comm__last_bucket_s=0.02,
+)
 
 
 def ev(record, noise=0.02, device="cpu"):
@@ -90,8 +114,15 @@ def test_buckets_gain_what_their_model_allows():
     assert comm.fewer_messages(100.0) < 1.01
     # the all-reduce (0.56 s) dwarfs the backward (0.05 s): little left to overlap
     assert 1.0 <= comm.more_overlap() < 1.1
-    latency = ev(rec(comm__buckets=40, comm__fit_s=[0.002, 0.0021, 0.0023], comm__comm_s=0.09,
-                     ddp__backward=0.14, ddp__step=0.229))  # fmt: skip
+    latency = ev(
+        rec(
+            comm__buckets=40,
+            comm__fit_s=[0.002, 0.0021, 0.0023],
+            comm__comm_s=0.09,
+            ddp__backward=0.14,
+            ddp__step=0.229,
+        )
+    )
     assert latency.fewer_messages(100.0) > 1.3
 
 
@@ -128,8 +159,15 @@ def test_smaller_buckets_are_no_gain_where_they_hold_the_gradients_as_the_defaul
 
 
 def _space(bf16_native=True):
-    target = Target(backend="gloo", device="cpu", world_size=2, global_batch=128,
-                    cpus_per_rank=1, bf16=True, bf16_native=bf16_native)  # fmt: skip
+    target = Target(
+        backend="gloo",
+        device="cpu",
+        world_size=2,
+        global_batch=128,
+        cpus_per_rank=1,
+        bf16=True,
+        bf16_native=bf16_native,
+    )
     return SearchSpace.load("default").resolve(target)
 
 

@@ -58,8 +58,9 @@ def test_bad_validation_settings_are_refused():
 
 
 def budget(total_s, top=3, rounds=5):
-    return Budget(StudyDefinition(name="t", budget_s=total_s, validate_top=top,
-                                  validate_rounds=rounds))  # fmt: skip
+    return Budget(
+        StudyDefinition(name="t", budget_s=total_s, validate_top=top, validate_rounds=rounds)
+    )
 
 
 def test_before_any_trial_there_is_room_and_no_plan():

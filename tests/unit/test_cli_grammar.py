@@ -128,9 +128,14 @@ def test_old_spellings_still_work_and_say_they_are_deprecated(tmp_path):
         assert build_parser().parse_args([command, "--study", "s"]).study_name == "s"
     # run --profile FILE (now -o/--output): the same destination, checked as --output
     p = in_process(
-        "run", "--study", "quick", "--profile", str(tmp_path), cwd=tmp_path,
+        "run",
+        "--study",
+        "quick",
+        "--profile",
+        str(tmp_path),
+        cwd=tmp_path,
         env={"AUTOTUNE_HOME": str(tmp_path / "home")},
-    )  # fmt: skip
+    )
     lines = p.stderr.splitlines()
     assert p.returncode == 2 and lines[0] == deprecation("--profile", "-o/--output")
     assert lines[1].startswith(f"autotune: error: --output {tmp_path}") and len(lines) == 2

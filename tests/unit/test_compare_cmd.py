@@ -46,17 +46,27 @@ TOUCH = ["--", sys.executable, "-c", f"open({MARKER!r}, 'w')", "--nproc-per-node
 def write_profile(path: Path, *, world_size: int = 2, global_batch: int = 64, **knobs) -> Path:
     """A profile as ``autotune run`` exports it: the defaults of a gloo CPU target with
     ``knobs`` changed (the allocator pin and the threads in its environment)."""
-    t = Target(backend="gloo", device="cpu", world_size=world_size, global_batch=global_batch,
-               cpus_per_rank=1)  # fmt: skip
+    t = Target(
+        backend="gloo",
+        device="cpu",
+        world_size=world_size,
+        global_batch=global_batch,
+        cpus_per_rank=1,
+    )
     values = {**{n: k.default_for(t) for n, k in KNOBS.items()}, **knobs}
     return Profile.from_config(
         TrialConfig.from_values(values, t),
         study={"name": "compare-test", "best_trial": 1, "baseline_trial": 0},
-        workload={"trainer": "script", "options": {}, "world_size": world_size,
-                  "backend": "gloo", "global_batch": global_batch},
+        workload={
+            "trainer": "script",
+            "options": {},
+            "world_size": world_size,
+            "backend": "gloo",
+            "global_batch": global_batch,
+        },
         hardware={"device": "cpu"},
         measured={"baseline_samples_per_s": 100.0, "best_samples_per_s": 120.0, "speedup": 1.2},
-    ).save(path)  # fmt: skip
+    ).save(path)
 
 
 @pytest.fixture
@@ -78,19 +88,25 @@ BAD = {
     "not YAML": (["broken.yaml", "asis", *TOUCH], "not valid YAML"),
     "both asis, no batch": (["asis", "asis", *TOUCH], "give --global-batch"),
     "batches differ": (["best.yaml", "other.yaml", *TOUCH], "different global batches"),
-    "batch flag differs": (["--global-batch", "32", "asis", "best.yaml", *TOUCH],
-                           "--global-batch 32"),
-    "world differs": (["asis", "best.yaml", "--", TORCHRUN, "--nproc-per-node", "4", "x.py"],
-                      "measured with 2 ranks and the command starts 4"),
-    "several nodes": (["asis", "best.yaml", "--", TORCHRUN, "--nnodes", "2", "x.py"],
-                      "spans 2 nodes (--nnodes): give --address"),
+    "batch flag differs": (
+        ["--global-batch", "32", "asis", "best.yaml", *TOUCH],
+        "--global-batch 32",
+    ),
+    "world differs": (
+        ["asis", "best.yaml", "--", TORCHRUN, "--nproc-per-node", "4", "x.py"],
+        "measured with 2 ranks and the command starts 4",
+    ),
+    "several nodes": (
+        ["asis", "best.yaml", "--", TORCHRUN, "--nnodes", "2", "x.py"],
+        "spans 2 nodes (--nnodes): give --address",
+    ),
     "not on PATH": (["asis", "best.yaml", "--", "no-such-command-here"], "no such command"),
     "one round": (["--rounds", "1", "asis", "best.yaml", *TOUCH], "--rounds"),
     "rounds after B": (["asis", "best.yaml", "--rounds", "x", *TOUCH], "--rounds"),
     "a word after B": (["asis", "best.yaml", "stray", *TOUCH], "unexpected 'stray'"),
     "output kind": (["-o", "result.txt", "asis", "best.yaml", *TOUCH], ".yaml or .json"),
     "bad timeout": (["--timeout", "soon", "asis", "best.yaml", *TOUCH], "--timeout"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", list(BAD))
@@ -118,8 +134,11 @@ def test_asis_beside_a_file_of_that_name_is_refused_and_dot_slash_names_the_file
 
 def test_the_command_is_what_follows_the_first_double_dash():
     assert split_words(["asis", "b.yaml", "--", "torchrun", "--", "x"]) == (
-        "asis", "b.yaml", [], ["torchrun", "--", "x"],
-    )  # fmt: skip
+        "asis",
+        "b.yaml",
+        [],
+        ["torchrun", "--", "x"],
+    )
     assert split_words(["a.yaml", "b.yaml", "--rounds", "3", "--", "cmd"])[2] == ["--rounds", "3"]
 
 
@@ -128,8 +147,7 @@ def test_asis_is_pytorchs_defaults_at_the_global_batch_with_no_environment():
     assert c.env == {}  # no allocator pin, no OMP_NUM_THREADS, no NCCL_*
     assert (c.micro_batch, c.accumulation_steps, c.global_batch) == (32, 1, 128)
     assert c.comm_hook == {"name": "none"} and c.precision == "fp32"
-    assert c.ddp == {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": False,
-                     "static_graph": False}  # fmt: skip
+    assert c.ddp == {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": False, "static_graph": False}
 
 
 def parsed(*words: str) -> argparse.Namespace:
@@ -196,8 +214,10 @@ def test_fewer_than_two_paired_rounds_give_no_ratio():
 
 
 def plan(rounds: int = 2) -> Plan:
-    arms = (Arm("A", AS_IS, as_is_config(64, 2, "gloo")),
-            Arm("B", "best.yaml", as_is_config(64, 2, "gloo"), profile=object()))  # fmt: skip
+    arms = (
+        Arm("A", AS_IS, as_is_config(64, 2, "gloo")),
+        Arm("B", "best.yaml", as_is_config(64, 2, "gloo"), profile=object()),
+    )
     return Plan(arms, ("torchrun", "train.py"), 2, 64, "gloo", rounds, MeasureSettings(), 60.0)
 
 
@@ -207,8 +227,16 @@ def test_the_summary_pairs_each_round_and_gives_no_ratio_once_a_run_failed():
     values = {"A": [100.0, 110.0], "B": [130.0, 140.0]}
     runs, seen = [], {"A": 0, "B": 0}
     for key in order:
-        runs.append(Run(round=seen[key] + 1, key=key, samples_per_s=values[key][seen[key]],
-                        interval=(90.0, 150.0), windows=[1.0, 2.0], stop="converged"))  # fmt: skip
+        runs.append(
+            Run(
+                round=seen[key] + 1,
+                key=key,
+                samples_per_s=values[key][seen[key]],
+                interval=(90.0, 150.0),
+                windows=[1.0, 2.0],
+                stop="converged",
+            )
+        )
         seen[key] += 1
     s = summary(plan(), runs)
     assert s["arms"]["A"]["samples_per_s"] == [100.0, 110.0] and s["arms"]["A"]["as_is"]

@@ -22,10 +22,25 @@ from autotune.limit.evidence import Evidence
 from autotune.profile.profile import Profile
 from autotune.search.screening import plan
 
-CPU = Target(backend="gloo", device="cpu", world_size=2, global_batch=128, cpus_per_rank=1,
-             compile_problem=None)  # fmt: skip
-GPU = Target(backend="nccl", device="cuda", world_size=2, global_batch=128, cpus_per_rank=8,
-             bf16=True, bf16_native=True, tf32=True, compile_problem=None)  # fmt: skip
+CPU = Target(
+    backend="gloo",
+    device="cpu",
+    world_size=2,
+    global_batch=128,
+    cpus_per_rank=1,
+    compile_problem=None,
+)
+GPU = Target(
+    backend="nccl",
+    device="cuda",
+    world_size=2,
+    global_batch=128,
+    cpus_per_rank=8,
+    bf16=True,
+    bf16_native=True,
+    tf32=True,
+    compile_problem=None,
+)
 NO_CXX = "inductor builds CPU kernels with a C++ compiler, and 'no-such-cxx' is not on PATH"
 LABEL = "compile=default"
 
@@ -72,8 +87,12 @@ def test_where_compile_cannot_run_the_whole_knob_is_left_out_with_why(problem):
     space = resolved(replace(CPU, compile_problem=problem))
     assert "compile" not in space.distributions
     assert dropped(space)[("compile", None)] == f"torch.compile: {problem}"
-    assert Target(backend="gloo", device="cpu", world_size=2, global_batch=8,
-                  cpus_per_rank=1).compile_problem == compiling.NOT_PROBED  # fmt: skip
+    assert (
+        Target(
+            backend="gloo", device="cpu", world_size=2, global_batch=8, cpus_per_rank=1
+        ).compile_problem
+        == compiling.NOT_PROBED
+    )
 
 
 def test_the_probe_names_what_is_missing(monkeypatch):
@@ -83,8 +102,9 @@ def test_the_probe_names_what_is_missing(monkeypatch):
     monkeypatch.setattr(compiling.shutil, "which", lambda name: f"/bin/{name}")
     assert compiling.problem("cpu", {}) is None
     real = compiling.importlib.util.find_spec
-    monkeypatch.setattr(compiling.importlib.util, "find_spec",
-                        lambda name: None if name == "triton" else real(name))  # fmt: skip
+    monkeypatch.setattr(
+        compiling.importlib.util, "find_spec", lambda name: None if name == "triton" else real(name)
+    )
     gpu = compiling.problem("cuda", {})
     assert gpu is not None and "triton" in gpu
 
@@ -153,8 +173,9 @@ def test_wrap_compiles_the_model_before_ddp_wraps_it(group, monkeypatch):
         return model
 
     monkeypatch.setattr(torch, "compile", fake_compile)
-    ddp = apply.wrap(torch.nn.Linear(4, 1), {"bucket_cap_mb": 5.0, "compile": "default"},
-                     {"name": "none"})  # fmt: skip
+    ddp = apply.wrap(
+        torch.nn.Linear(4, 1), {"bucket_cap_mb": 5.0, "compile": "default"}, {"name": "none"}
+    )
     assert isinstance(ddp, torch.nn.parallel.DistributedDataParallel)
     assert ddp.module.compiled_here and calls == [{"mode": "default", "dynamic": False}]
     assert ddp.bucket_bytes_cap == 5 * 2**20  # the rest still went to DDP
@@ -175,11 +196,24 @@ def test_the_graph_counter_reads_dynamos():
 def evidence(**kw) -> Evidence:
     """A 100 ms step of 2 ranks: mostly compute unless ``kw`` moves time elsewhere."""
     fields = dict(
-        step_s=0.1, data_s=0.001, forward_s=0.03, backward_s=0.06, optimizer_s=0.005,
-        exposed_s=0.004, comm_s=0.02, last_bucket_s=0.002, buckets=2, grad_bytes=4e6,
-        alpha_s=1e-4, smallest_s=1e-4, per_byte_s=5e-9, world_size=2, accumulation_steps=1,
-        device="cpu", noise=0.03,
-    )  # fmt: skip
+        step_s=0.1,
+        data_s=0.001,
+        forward_s=0.03,
+        backward_s=0.06,
+        optimizer_s=0.005,
+        exposed_s=0.004,
+        comm_s=0.02,
+        last_bucket_s=0.002,
+        buckets=2,
+        grad_bytes=4e6,
+        alpha_s=1e-4,
+        smallest_s=1e-4,
+        per_byte_s=5e-9,
+        world_size=2,
+        accumulation_steps=1,
+        device="cpu",
+        noise=0.03,
+    )
     return Evidence(**{**fields, **kw})
 
 
@@ -196,10 +230,13 @@ def test_a_compute_bound_step_screens_compile():
     assert gain is not None and gain > 1 + ev.noise
 
 
-@pytest.mark.parametrize("kw, bound", [
-    ({"exposed_s": 0.05, "comm_s": 0.06, "forward_s": 0.01, "backward_s": 0.02}, "bandwidth"),
-    ({"data_s": 0.03}, "data"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kw, bound",
+    [
+        ({"exposed_s": 0.05, "comm_s": 0.06, "forward_s": 0.01, "backward_s": 0.02}, "bandwidth"),
+        ({"data_s": 0.03}, "data"),
+    ],
+)
 def test_a_step_bounded_elsewhere_does_not_screen_compile(kw, bound):
     ev = evidence(**kw)
     assert ev.bound == bound

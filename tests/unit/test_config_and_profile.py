@@ -65,8 +65,11 @@ def test_each_value_lands_where_it_acts():
         GPU,
     )
     assert c.env == {
-        "NCCL_ALGO": "Tree", "NCCL_BUFFSIZE": "8388608", "OMP_NUM_THREADS": "3", **allocator.ENV
-    }  # fmt: skip
+        "NCCL_ALGO": "Tree",
+        "NCCL_BUFFSIZE": "8388608",
+        "OMP_NUM_THREADS": "3",
+        **allocator.ENV,
+    }
     assert c.threads == 3
     assert c.comm_hook == {
         "name": "powersgd",

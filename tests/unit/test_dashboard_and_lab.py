@@ -61,8 +61,9 @@ def test_a_host_beyond_loopback_needs_expose(capsys, served, storage, host):
 
 def test_expose_serves_beyond_loopback_and_says_what_that_means(capsys, served, storage):
     port = free_port()
-    rc, out, err = dashboard(capsys, "--storage", storage, "--host", "0.0.0.0", "--port",
-                             str(port), "--expose")  # fmt: skip
+    rc, out, err = dashboard(
+        capsys, "--storage", storage, "--host", "0.0.0.0", "--port", str(port), "--expose"
+    )
     assert rc == 0 and served == [("0.0.0.0", port)]
     assert f"at http://0.0.0.0:{port}/dashboard/" in out
     assert "--expose" in err and "can delete and rename studies" in err

@@ -32,9 +32,26 @@ def test_parses_budgets(text, seconds):
 
 @pytest.mark.parametrize(
     "text",
-    ["", "abc", "10x", "m10", "30m1h", "1h1h", "-5m", "0s", "1h 3", "00:00:00", "1:60", "1:2:3:4",
-     "1h:30", "1-", ":30", "1:30s", "-1:00"],
-)  # fmt: skip
+    [
+        "",
+        "abc",
+        "10x",
+        "m10",
+        "30m1h",
+        "1h1h",
+        "-5m",
+        "0s",
+        "1h 3",
+        "00:00:00",
+        "1:60",
+        "1:2:3:4",
+        "1h:30",
+        "1-",
+        ":30",
+        "1:30s",
+        "-1:00",
+    ],
+)
 def test_rejects_unreadable_budgets_naming_the_flag(text):
     with pytest.raises(ConfigError, match="--budget"):
         parse_duration(text)

@@ -69,22 +69,45 @@ class OutOfMemoryError(RuntimeError):
 @pytest.mark.parametrize(
     ("err", "reason", "detail"),
     [
-        (rex.RayActorError(error_msg=RAY_PROCESS_DIED), "crash",
-         "rank 1: its process died (The actor is dead because its worker process has died."),
-        (rex.RayActorError(error_msg=RAY_NODE_DIED), "node_lost",
-         "rank 1: its node was lost (The actor is dead because its node has died."),
-        (task_error(RuntimeError(GLOO_PEER_CLOSED)), "crash",
-         f"rank 1: RuntimeError: {GLOO_PEER_CLOSED}"),
-        (task_error(NonFiniteLoss("loss is nan after 3 warm-up steps")), "nan",
-         "rank 1: loss is nan after 3 warm-up steps"),
-        (task_error(OutOfMemoryError(CUDA_OOM)), "oom",
-         "rank 1: OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB."),
-        (task_error(MemoryLimitExceeded("peak host memory 900 MiB is over --max-memory 512 MiB")),
-         "oom", "rank 1: MemoryLimitExceeded: peak host memory 900 MiB"),
-        (task_error(ValueError("trainer option width must be positive")), "crash",
-         "rank 1: ValueError: trainer option width must be positive"),
+        (
+            rex.RayActorError(error_msg=RAY_PROCESS_DIED),
+            "crash",
+            "rank 1: its process died (The actor is dead because its worker process has died.",
+        ),
+        (
+            rex.RayActorError(error_msg=RAY_NODE_DIED),
+            "node_lost",
+            "rank 1: its node was lost (The actor is dead because its node has died.",
+        ),
+        (
+            task_error(RuntimeError(GLOO_PEER_CLOSED)),
+            "crash",
+            f"rank 1: RuntimeError: {GLOO_PEER_CLOSED}",
+        ),
+        (
+            task_error(NonFiniteLoss("loss is nan after 3 warm-up steps")),
+            "nan",
+            "rank 1: loss is nan after 3 warm-up steps",
+        ),
+        (
+            task_error(OutOfMemoryError(CUDA_OOM)),
+            "oom",
+            "rank 1: OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB.",
+        ),
+        (
+            task_error(
+                MemoryLimitExceeded("peak host memory 900 MiB is over --max-memory 512 MiB")
+            ),
+            "oom",
+            "rank 1: MemoryLimitExceeded: peak host memory 900 MiB",
+        ),
+        (
+            task_error(ValueError("trainer option width must be positive")),
+            "crash",
+            "rank 1: ValueError: trainer option width must be positive",
+        ),
     ],
-)  # fmt: skip
+)
 def test_each_captured_error_gets_its_reason_and_first_line(err, reason, detail):
     f = classify(1, err)
     assert isinstance(f, TrialFailed) and f.reason == FailureReason(reason)
@@ -114,9 +137,13 @@ def test_death_line_is_the_reason_after_rays_indented_details():
 def test_the_sampler_learns_from_configuration_failures_only():
     learned = {r for r in FailureReason if r.learned}
     assert learned == {
-        FailureReason.CRASH, FailureReason.TIMEOUT, FailureReason.OOM, FailureReason.NAN,
-        FailureReason.ILLEGAL, FailureReason.NUMERICS_DRIFT,
-    }  # fmt: skip
+        FailureReason.CRASH,
+        FailureReason.TIMEOUT,
+        FailureReason.OOM,
+        FailureReason.NAN,
+        FailureReason.ILLEGAL,
+        FailureReason.NUMERICS_DRIFT,
+    }
     assert learned_reasons() == {r.value for r in learned}
     for outside in ("node_lost", "interrupted", "cluster_lost"):
         assert not FailureReason(outside).learned

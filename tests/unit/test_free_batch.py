@@ -14,8 +14,9 @@ from autotune.profile.export import study_profile
 from tests.unit.test_report_and_progress import HARDWARE, WORKLOAD
 
 FIXED = Target(backend="gloo", device="cpu", world_size=2, global_batch=128, cpus_per_rank=1)
-FREE = Target(backend="gloo", device="cpu", world_size=2, global_batch=128, cpus_per_rank=1,
-              free_batch=True)  # fmt: skip
+FREE = Target(
+    backend="gloo", device="cpu", world_size=2, global_batch=128, cpus_per_rank=1, free_batch=True
+)
 
 
 def test_a_fixed_global_batch_is_kept_by_accumulation():

@@ -115,27 +115,27 @@ def test_bytes_that_are_not_utf8_are_refused(tmp_path):
             lambda d: d["hardware"].update(device_name={"a": [1] * 10}),
             "hardware.device_name: must be a number, a short text or a flag",
             id="H-Y10",
-        ),  # fmt: skip
+        ),
         pytest.param(
             lambda d: d["hardware"].update(torch="x" * 5000),
             "hardware.torch: a text of 5000 characters; at most 1000",
             id="H-Y11",
-        ),  # fmt: skip
+        ),
         pytest.param(
             lambda d: d["measured"].update(note=list(range(5000))),
             "measured.note: 5000 items; at most 1000",
             id="H-Y12",
-        ),  # fmt: skip
+        ),
         pytest.param(
             lambda d: d["study"].update(name=["x"]),
             "study.name: must be a number, a short text or a flag",
             id="H-Y13",
-        ),  # fmt: skip
+        ),
         pytest.param(
             lambda d: d["workload"].update(options={"a": {"b": {"c": 1}}}),
             "workload.options.a.b: must be a number",
             id="H-Y14",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_descriptive_sections_hold_short_values(tmp_path, edit, message):
@@ -144,8 +144,9 @@ def test_descriptive_sections_hold_short_values(tmp_path, edit, message):
 
 def test_a_hardware_difference_line_is_short_whatever_the_profile_holds():
     """H-Y15: what ``autotune launch`` prints of a profile's hardware stays a short line."""
-    lines = differences({"device_name": "x" * 1000, "torch": {"a": 1}},
-                        {"device_name": "cpu", "torch": "2.13"})  # fmt: skip
+    lines = differences(
+        {"device_name": "x" * 1000, "torch": {"a": 1}}, {"device_name": "cpu", "torch": "2.13"}
+    )
     assert len(lines) == 2 and all(len(line) < 200 for line in lines), lines
 
 

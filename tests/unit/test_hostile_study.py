@@ -33,8 +33,14 @@ def good_config() -> dict:
 def stored(url: str, name: str, *, config: dict | None = None, queued: dict | None = None):
     study = optuna.create_study(study_name=name, storage=url, direction="maximize")
     if config is not None:
-        study.add_trial(create_trial(params={}, distributions={}, value=1.0,
-                                     user_attrs={"config": config, "baseline": True}))  # fmt: skip
+        study.add_trial(
+            create_trial(
+                params={},
+                distributions={},
+                value=1.0,
+                user_attrs={"config": config, "baseline": True},
+            )
+        )
     if queued is not None:
         study.enqueue_trial(queued, skip_if_exists=False)
 
@@ -46,9 +52,18 @@ def digest(path: Path) -> str:
 def run_resuming(tmp_path: Path, *extra: str):
     db = tmp_path / "shared.db"
     out = in_process(
-        "run", "--space", "default", "--budget", "1m", "--storage", f"sqlite:///{db}",
-        "--run-dir", str(tmp_path / "run"), *extra, cwd=tmp_path,
-    )  # fmt: skip
+        "run",
+        "--space",
+        "default",
+        "--budget",
+        "1m",
+        "--storage",
+        f"sqlite:///{db}",
+        "--run-dir",
+        str(tmp_path / "run"),
+        *extra,
+        cwd=tmp_path,
+    )
     return out, db
 
 
@@ -57,13 +72,13 @@ ENV_CASES = [
     pytest.param({"PATH": "/tmp/evil"}, "env key 'PATH' is not allowed", id="H-D02"),
     pytest.param(
         {"NCCL_NET_PLUGIN": "evil"}, "env key 'NCCL_NET_PLUGIN' is not allowed", id="H-D03"
-    ),  # fmt: skip
+    ),
     pytest.param(
         {"GLOO_SOCKET_IFNAME": "eth0"}, "env key 'GLOO_SOCKET_IFNAME' is not allowed", id="H-D04"
-    ),  # fmt: skip
+    ),
     pytest.param(
         {"OMP_NUM_THREADS": "100000"}, "env.OMP_NUM_THREADS must be an integer in", id="H-D05"
-    ),  # fmt: skip
+    ),
 ]
 
 
@@ -92,10 +107,14 @@ def test_a_study_under_the_default_name_is_checked_too(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     db = run_dir / "autotune.db"
-    stored(f"sqlite:///{db}", "default-mlp-gloo-2r",
-           config={**good_config(), "data": {"num_workers": 100000}})  # fmt: skip
-    out = in_process("run", "--space", "default", "--budget", "1m", "--run-dir", str(run_dir),
-                     cwd=tmp_path)  # fmt: skip
+    stored(
+        f"sqlite:///{db}",
+        "default-mlp-gloo-2r",
+        config={**good_config(), "data": {"num_workers": 100000}},
+    )
+    out = in_process(
+        "run", "--space", "default", "--budget", "1m", "--run-dir", str(run_dir), cwd=tmp_path
+    )
     assert out.returncode == 2, out.stderr
     assert "study 'default-mlp-gloo-2r'" in out.stderr
     assert "trial 0: data.num_workers must be an integer in [0, 256], got 100000" in out.stderr
@@ -108,13 +127,13 @@ def test_a_study_under_the_default_name_is_checked_too(tmp_path):
             {"num_workers": 100000},
             "parameter num_workers must be an integer in [0, 256]",
             id="H-D07",
-        ),  # fmt: skip
+        ),
         pytest.param(
             {"bucket_cap_mb": 1e300}, "parameter bucket_cap_mb must be a number above 0", id="H-D08"
-        ),  # fmt: skip
+        ),
         pytest.param(
             {"__import__('os')": 1}, "parameter \"__import__('os')\" is not a knob", id="H-D09"
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_a_queued_trial_out_of_bounds_refuses_the_resume(tmp_path, queued, message):

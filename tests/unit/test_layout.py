@@ -1,8 +1,8 @@
 """The package's structure rules (docs/architecture.md), read from the code: the layering of
 the subpackages (a rank imports only the core; the core imports nothing else), no import
 circle between modules, no private name imported from another module, no module over 800
-lines (one over 400 is named in a warning), no function over 120 (over 60 named), no display code in the tuning
-loop."""
+lines (one over 400 is named in a warning), no function over 120 (over 60 named), no display
+code in the tuning loop."""
 
 from __future__ import annotations
 

@@ -51,11 +51,16 @@ def write_profile(path) -> None:
     Profile.from_config(
         TrialConfig.from_values(values, cpu),
         study={"name": "light", "best_trial": 1, "baseline_trial": 0},
-        workload={"trainer": "mlp", "options": {}, "world_size": 2, "backend": "gloo",
-                  "global_batch": 64},
+        workload={
+            "trainer": "mlp",
+            "options": {},
+            "world_size": 2,
+            "backend": "gloo",
+            "global_batch": 64,
+        },
         hardware={"device": "cpu", "device_count": 0, "node_count": 1},
         measured={"baseline_samples_per_s": 1.0, "best_samples_per_s": 2.0, "speedup": 2.0},
-    ).save(path)  # fmt: skip
+    ).save(path)
 
 
 @pytest.fixture(scope="module")

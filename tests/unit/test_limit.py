@@ -30,10 +30,15 @@ RECORD = {
     "samples_per_step": 64,
     "accumulation_steps": 1,
     "ddp": {"data": 0.001, "forward": 0.002, "backward": 0.010, "optimizer": 0.002, "step": 0.015},
-    "compute": {"data": 0.001, "forward": 0.002, "backward": 0.004, "optimizer": 0.002,
-                "step": 0.009},
+    "compute": {
+        "data": 0.001,
+        "forward": 0.002,
+        "backward": 0.004,
+        "optimizer": 0.002,
+        "step": 0.009,
+    },
     "comm": {"comm_s": 0.008, "last_bucket_s": 0.002, "wire_bytes": 4_000_000},
-}  # fmt: skip
+}
 
 
 def record(**changes) -> dict:
@@ -98,8 +103,12 @@ def test_the_advice_follows_where_the_time_goes():
     assert next_step(record(comm__wire_bytes=40_000_000), fp16).startswith("smaller buckets")
     # 4 MB of gradients are DDP's 1 MiB first bucket and one more at 5 MB or at 25 MB alike
     assert not next_step(RECORD, fp16).startswith("smaller buckets")
-    five = TrialConfig(comm_hook={"name": "fp16"}, precision="bf16", ddp={"bucket_cap_mb": 5.0},
-                       data={"num_workers": 2})  # fmt: skip
+    five = TrialConfig(
+        comm_hook={"name": "fp16"},
+        precision="bf16",
+        ddp={"bucket_cap_mb": 5.0},
+        data={"num_workers": 2},
+    )
     assert next_step(RECORD, five).startswith("a faster link")
     assert next_step(RECORD, five, free_batch=True).startswith("accumulation")
     hidden = record(ddp__backward=0.004, ddp__step=0.009, comm__comm_s=0.002)
@@ -122,19 +131,29 @@ def test_the_advice_never_names_what_the_run_measured_as_no_gain():
 def test_the_advice_says_why_from_the_breakdown():
     told = next_step(RECORD, TrialConfig(comm_hook={"name": "none"}, precision="fp32"))
     # 8 ms of all-reduce, all of it bytes (one size measured): half saved, 6 ms exposed caps it
-    assert told == ("compression (a comm hook: fp16 or PowerSGD), up to 1.36x: the "
-                    "all-reduce's bytes take 8 ms of a 15 ms step")  # fmt: skip
+    assert told == (
+        "compression (a comm hook: fp16 or PowerSGD), up to 1.36x: the "
+        "all-reduce's bytes take 8 ms of a 15 ms step"
+    )
 
 
 #: A tiny model (Linear(1024, 1)): a 4 KB all-reduce, 68 % of the step, in one bucket; two
 #: message sizes measured (1 KiB and the gradients' 4 KiB), their times within noise of each
 #: other, the larger one slower by the noise: the fit gives it a slope.
 TINY = record(
-    ddp__backward=0.0075, ddp__step=0.01, ddp__forward=0.001, ddp__optimizer=0.0005,
-    ddp__data=0.001, compute__backward=0.0007, comm__comm_s=0.0068,
-    comm__last_bucket_s=0.0068, comm__buckets=1, comm__wire_bytes=4096,
-    comm__fit_bytes=[1024, 4096], comm__fit_s=[0.006, 0.0075],
-)  # fmt: skip
+    ddp__backward=0.0075,
+    ddp__step=0.01,
+    ddp__forward=0.001,
+    ddp__optimizer=0.0005,
+    ddp__data=0.001,
+    compute__backward=0.0007,
+    comm__comm_s=0.0068,
+    comm__last_bucket_s=0.0068,
+    comm__buckets=1,
+    comm__wire_bytes=4096,
+    comm__fit_bytes=[1024, 4096],
+    comm__fit_s=[0.006, 0.0075],
+)
 
 
 def test_a_latency_bound_all_reduce_is_not_told_to_compress():
@@ -154,41 +173,78 @@ def test_fp16_measured_at_0_97x_on_a_latency_bound_step_is_never_advised():
     """Issue 32: the run measured the fp16 hook at 0.97x, then its limit line said 'next:
     compression'. Both rules hold it off: the latency, and the screening's verdict."""
     study = optuna.create_study(direction="maximize")
-    effect = {"label": "comm_hook=fp16", "trial": 3, "state": "COMPLETE", "speedup": 0.97,
-              "interval": {"median": 97.0, "low": 95.0, "high": 99.0, "n": 5,
-                           "rel_half_width": 0.02},
-              "helps": False, "moves": {"comm_hook": "fp16"}, "reason": ""}  # fmt: skip
+    effect = {
+        "label": "comm_hook=fp16",
+        "trial": 3,
+        "state": "COMPLETE",
+        "speedup": 0.97,
+        "interval": {"median": 97.0, "low": 95.0, "high": 99.0, "n": 5, "rel_half_width": 0.02},
+        "helps": False,
+        "moves": {"comm_hook": "fp16"},
+        "reason": "",
+    }
     study.set_user_attr("screening", {"comm_hook=fp16": effect})
     assert no_gain(study) == {"comm_hook"}
     base = TrialConfig(comm_hook={"name": "none"})
-    probed = measure_limit(study, _measurer(TINY), configs={"baseline": base},
-                           trials={"baseline": 0}, trace_dir=None, emit=lambda e: None)  # fmt: skip
+    probed = measure_limit(
+        study,
+        _measurer(TINY),
+        configs={"baseline": base},
+        trials={"baseline": 0},
+        trace_dir=None,
+        emit=lambda e: None,
+    )
     assert "compress" not in probed["baseline"]["next"]
     line = summary_line(study.user_attrs["limit"])
     assert "compression" not in line and "comm hook" not in line
     # the same run on a bandwidth-bound step still rules compression out: it was measured
-    probed = measure_limit(study, _measurer(RECORD), configs={"baseline": base},
-                           trials={"baseline": 0}, trace_dir=None, emit=lambda e: None)  # fmt: skip
+    probed = measure_limit(
+        study,
+        _measurer(RECORD),
+        configs={"baseline": base},
+        trials={"baseline": 0},
+        trace_dir=None,
+        emit=lambda e: None,
+    )
     assert "compression" not in probed["baseline"]["next"]
 
 
 def test_a_bandwidth_bound_step_with_compression_unmeasured_is_told_to_compress():
     study = optuna.create_study(direction="maximize")
     assert no_gain(study) == frozenset()
-    probed = measure_limit(study, _measurer(RECORD), configs={"baseline": TrialConfig()},
-                           trials={"baseline": 0}, trace_dir=None, emit=lambda e: None)  # fmt: skip
+    probed = measure_limit(
+        study,
+        _measurer(RECORD),
+        configs={"baseline": TrialConfig()},
+        trials={"baseline": 0},
+        trace_dir=None,
+        emit=lambda e: None,
+    )
     assert probed["baseline"]["next"].startswith("compression (a comm hook")
 
 
 def test_a_screened_knob_whose_interval_does_not_clear_1_is_no_gain():
     study = optuna.create_study(direction="maximize")
-    within = {"label": "bucket_cap_mb=5", "trial": 4, "state": "COMPLETE", "speedup": 1.03,
-              "interval": {"median": 103.0, "low": 97.0, "high": 109.0, "n": 5,
-                           "rel_half_width": 0.06},
-              "helps": True, "moves": {"bucket_cap_mb": 5.0}, "reason": ""}  # fmt: skip
+    within = {
+        "label": "bucket_cap_mb=5",
+        "trial": 4,
+        "state": "COMPLETE",
+        "speedup": 1.03,
+        "interval": {"median": 103.0, "low": 97.0, "high": 109.0, "n": 5, "rel_half_width": 0.06},
+        "helps": True,
+        "moves": {"bucket_cap_mb": 5.0},
+        "reason": "",
+    }
     clear = dict(within, label="precision=bf16", speedup=1.3, moves={"precision": "bf16"})
-    failed = dict(within, label="comm_hook=fp16", state="FAIL", speedup=None, helps=False,
-                  interval=None, moves={"comm_hook": "fp16"})  # fmt: skip
+    failed = dict(
+        within,
+        label="comm_hook=fp16",
+        state="FAIL",
+        speedup=None,
+        helps=False,
+        interval=None,
+        moves={"comm_hook": "fp16"},
+    )
     study.set_user_attr("screening", {x["label"]: x for x in (within, clear, failed)})
     # 1.03x +-6 %: the low end is below 1; bf16's is not; a failed trial measured nothing
     assert no_gain(study) == {"bucket_cap_mb"}
@@ -212,8 +268,9 @@ def test_the_summary_line_speaks_of_the_tuned_step_or_else_the_defaults():
     assert summary_line({"baseline": {"failed": "timeout: no result"}}) is None
     one = record(world_size=1)
     alone = summary_line({"tuned": {**one, "bounds": bounds(one), "next": "compute-bound"}})
-    assert alone.startswith("Limit: the tuned step is one rank, no link to cross: DDP's own "
-                            "bucketing costs 40%;")  # fmt: skip
+    assert alone.startswith(
+        "Limit: the tuned step is one rank, no link to cross: DDP's own bucketing costs 40%;"
+    )
 
 
 def test_a_profile_carries_the_limit_of_its_own_configuration_only():
@@ -221,8 +278,10 @@ def test_a_profile_carries_the_limit_of_its_own_configuration_only():
     study = optuna.create_study()
     assert limit_of(study, tuned) is None
     probed = {**RECORD, "bounds": bounds(RECORD), "config": tuned.to_dict(), "trial": 4}
-    study.set_user_attr("limit", {"baseline": {**probed, "config": TrialConfig().to_dict()},
-                                  "tuned": probed, "cost_s": 7.5})  # fmt: skip
+    study.set_user_attr(
+        "limit",
+        {"baseline": {**probed, "config": TrialConfig().to_dict()}, "tuned": probed, "cost_s": 7.5},
+    )
     got = limit_of(study, tuned)
     assert got["tuned"]["trial"] == 4 and got["cost_s"] == 7.5
     assert got["tuned"]["bounds"] == bounds(RECORD) and "baseline" in got
@@ -242,18 +301,35 @@ def test_a_screening_trial_below_the_defaults_rules_its_knob_out_without_a_scree
 
     from autotune.limit.probe import no_gain
 
-    dist = {"comm_hook": CategoricalDistribution(["none", "fp16"]),
-            "precision": CategoricalDistribution(["fp32", "bf16"])}  # fmt: skip
+    dist = {
+        "comm_hook": CategoricalDistribution(["none", "fp16"]),
+        "precision": CategoricalDistribution(["fp32", "bf16"]),
+    }
     study = optuna.create_study(direction="maximize")
     noise = {"rel_half_width": 0.02}
-    rows = [({"comm_hook": "none", "precision": "fp32"}, 100.0, {"baseline": True}),
-            ({"comm_hook": "fp16", "precision": "fp32"}, 95.0,
-             {"screen": "comm_hook=fp16", "interval": noise}),
-            ({"comm_hook": "none", "precision": "bf16"}, 130.0,
-             {"screen": "precision=bf16", "interval": noise})]  # fmt: skip
+    rows = [
+        ({"comm_hook": "none", "precision": "fp32"}, 100.0, {"baseline": True}),
+        (
+            {"comm_hook": "fp16", "precision": "fp32"},
+            95.0,
+            {"screen": "comm_hook=fp16", "interval": noise},
+        ),
+        (
+            {"comm_hook": "none", "precision": "bf16"},
+            130.0,
+            {"screen": "precision=bf16", "interval": noise},
+        ),
+    ]
     for params, value, attrs in rows:
-        study.add_trial(create_trial(params=params, distributions=dist, value=value,
-                                     user_attrs=attrs, state=TrialState.COMPLETE))  # fmt: skip
+        study.add_trial(
+            create_trial(
+                params=params,
+                distributions=dist,
+                value=value,
+                user_attrs=attrs,
+                state=TrialState.COMPLETE,
+            )
+        )
     assert no_gain(study) == {"comm_hook"}
 
 
@@ -294,8 +370,14 @@ def test_a_traced_probe_whose_rank_crashed_is_taken_again_without_the_trace(tmp_
 
     said: list = []
     study = optuna.create_study(direction="maximize")
-    measure_limit(study, measure, configs={"baseline": TrialConfig()}, trials={"baseline": 0},
-                  trace_dir=tmp_path, emit=said.append)  # fmt: skip
+    measure_limit(
+        study,
+        measure,
+        configs={"baseline": TrialConfig()},
+        trials={"baseline": 0},
+        trace_dir=tmp_path,
+        emit=said.append,
+    )
     assert [e.text for e in said] == [
         "The limit probe of the defaults was taken again without its trace: the traced probe "
         "failed (crash: rank 1: its process died)"

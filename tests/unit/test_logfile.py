@@ -109,8 +109,7 @@ with output_to(sys.argv[1], 0):
 def test_a_rank_printing_without_end_has_its_log_capped_while_it_runs(tmp_path):
     """H-S08: a rank's training code that prints without end: ``output_to``'s thread cuts
     its log while the trial runs, and once more when it ends."""
-    subprocess.run([sys.executable, "-c", RANK, str(tmp_path)], cwd=REPO, check=True,
-                   timeout=60)  # fmt: skip
+    subprocess.run([sys.executable, "-c", RANK, str(tmp_path)], cwd=REPO, check=True, timeout=60)
     data = (tmp_path / "rank-0.log").read_bytes()
     running = int(data.split(b"while running: ")[1].split()[0])
     assert running <= (1 << 20)  # capped while it ran

@@ -30,8 +30,9 @@ def study_of(points):
         attrs = {"config": config(params), "speedup": tput / points[0][1]}
         if i == 0:
             attrs["baseline"] = True
-        study.add_trial(create_trial(params=params, distributions=DISTS, values=[tput, mem],
-                                     user_attrs=attrs))  # fmt: skip
+        study.add_trial(
+            create_trial(params=params, distributions=DISTS, values=[tput, mem], user_attrs=attrs)
+        )
     return study
 
 
@@ -48,8 +49,12 @@ def test_the_profile_is_the_fastest_front_member_within_the_defaults_memory():
     assert p.study["best_trial"] == 2  # 560 samples/s at 290 MiB; 650 needs 420 > 300
     assert p.ddp["bucket_cap_mb"] == 5.0 and p.ddp["static_graph"] is True
     assert [e["trial"] for e in p.measured["pareto"]] == [4, 2, 1]  # slowest first
-    assert p.measured["pareto"][-1] == {"trial": 1, "samples_per_s": 650.0,
-                                        "peak_memory_mb": 420.0, "speedup": 1.3}  # fmt: skip
+    assert p.measured["pareto"][-1] == {
+        "trial": 1,
+        "samples_per_s": 650.0,
+        "peak_memory_mb": 420.0,
+        "speedup": 1.3,
+    }
     assert p.measured["baseline_peak_memory_mb"] == 300.0
     assert PARETO_RULE in p.measured["note"] and p.measured["validation"] is None
     assert p.measured["speedup"] == pytest.approx(1.12)

@@ -14,8 +14,11 @@ from autotune.core.numerics import CURVE_STEPS, MIN_STEPS, changes_numerics, dri
 def test_only_precision_and_compression_change_numerics():
     assert changes_numerics(TrialConfig()) == []
     # reordering sums (buckets, views, accumulation at the same global batch) does not count
-    same = TrialConfig(ddp={"bucket_cap_mb": 5.0, "gradient_as_bucket_view": True},
-                       micro_batch=8, accumulation_steps=4)  # fmt: skip
+    same = TrialConfig(
+        ddp={"bucket_cap_mb": 5.0, "gradient_as_bucket_view": True},
+        micro_batch=8,
+        accumulation_steps=4,
+    )
     assert changes_numerics(same) == []
     assert changes_numerics(TrialConfig(precision="bf16", global_batch=128)) == ["precision=bf16"]
     assert changes_numerics(TrialConfig(precision="tf32")) == ["precision=tf32"]

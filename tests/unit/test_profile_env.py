@@ -30,12 +30,24 @@ from tests.conftest import Ran, in_process
 
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 CPU = Target(backend="gloo", device="cpu", world_size=2, global_batch=64, cpus_per_rank=1)
-GPU = Target(backend="nccl", device="cuda", world_size=4, global_batch=256, cpus_per_rank=8,
-             bf16=True, tf32=True)  # fmt: skip
-WORKLOAD = {"trainer": "mlp", "options": {}, "world_size": 2, "backend": "gloo",
-            "global_batch": 64}  # fmt: skip
-HARDWARE = {"device": "cpu", "device_name": "cpu", "device_count": 2, "node_count": 1,
-            "torch": "2.13.0", "nccl": None}  # fmt: skip
+GPU = Target(
+    backend="nccl",
+    device="cuda",
+    world_size=4,
+    global_batch=256,
+    cpus_per_rank=8,
+    bf16=True,
+    tf32=True,
+)
+WORKLOAD = {"trainer": "mlp", "options": {}, "world_size": 2, "backend": "gloo", "global_batch": 64}
+HARDWARE = {
+    "device": "cpu",
+    "device_name": "cpu",
+    "device_count": 2,
+    "node_count": 1,
+    "torch": "2.13.0",
+    "nccl": None,
+}
 MEASURED = {"baseline_samples_per_s": 1.0, "best_samples_per_s": 2.0, "speedup": 2.0}
 
 
@@ -53,7 +65,7 @@ def profile(cfg: TrialConfig | None = None, target: Target = CPU) -> Profile:
             "world_size": target.world_size,
             "backend": target.backend,
             "global_batch": target.global_batch,
-        },  # fmt: skip
+        },
         hardware=dict(HARDWARE),
         measured=dict(MEASURED),
     )
@@ -83,8 +95,9 @@ def run(*args: str, cwd: Path | None = None) -> Ran:
 
 def bash(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "OMP_"))}
-    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=cwd,
-                          env=clean, timeout=30)  # fmt: skip
+    return subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, cwd=cwd, env=clean, timeout=30
+    )
 
 
 HOSTILE = [
@@ -438,9 +451,31 @@ def test_every_env_value_a_real_trial_can_produce_passes(space, target):
             check_env(TrialConfig.from_values({**defaults, name: value}, target).env)
 
 
-CANDIDATES = [0, 1, 2, 16, 17, 64, 65, 100, 512, 4194304, -1, *NCCL_ALGOS, *NCCL_PROTOS,
-              *NCCL_NTHREADS, "ring", "Ring,Tree", "default", 2**25, 2**25 + 1, 2**30, 2**51,
-              "32M", "0x100"]  # fmt: skip
+CANDIDATES = [
+    0,
+    1,
+    2,
+    16,
+    17,
+    64,
+    65,
+    100,
+    512,
+    4194304,
+    -1,
+    *NCCL_ALGOS,
+    *NCCL_PROTOS,
+    *NCCL_NTHREADS,
+    "ring",
+    "Ring,Tree",
+    "default",
+    2**25,
+    2**25 + 1,
+    2**30,
+    2**51,
+    "32M",
+    "0x100",
+]
 
 
 @pytest.mark.parametrize("name", list(ALLOWED_ENV))
@@ -458,12 +493,20 @@ def test_an_env_value_passes_exactly_when_its_knob_allows_it(name):
 
 def test_a_profile_of_every_nccl_choice_round_trips(tmp_path):
     cfg = TrialConfig.from_values(
-        {**SearchSpace.load("default").resolve(GPU).defaults(), "NCCL_ALGO": "Tree",
-         "NCCL_PROTO": "LL128", "NCCL_BUFFSIZE": 8388608, "NCCL_NTHREADS": 512,
-         "NCCL_MIN_CTAS": 2, "NCCL_MAX_CTAS": 32, "NCCL_SOCKET_NTHREADS": 4,
-         "NCCL_NSOCKS_PERTHREAD": 16, "threads": 8},
+        {
+            **SearchSpace.load("default").resolve(GPU).defaults(),
+            "NCCL_ALGO": "Tree",
+            "NCCL_PROTO": "LL128",
+            "NCCL_BUFFSIZE": 8388608,
+            "NCCL_NTHREADS": 512,
+            "NCCL_MIN_CTAS": 2,
+            "NCCL_MAX_CTAS": 32,
+            "NCCL_SOCKET_NTHREADS": 4,
+            "NCCL_NSOCKS_PERTHREAD": 16,
+            "threads": 8,
+        },
         GPU,
-    )  # fmt: skip
+    )
     p = profile(cfg, GPU)
     assert Profile.load(p.save(tmp_path / "p.yaml")).env == cfg.env
     assert len(cfg.env) == len(ALLOWED_ENV)
@@ -471,8 +514,11 @@ def test_a_profile_of_every_nccl_choice_round_trips(tmp_path):
 
 def test_a_hostile_study_config_is_refused_naming_study_and_trial():
     bad = TrialConfig(**{**config().to_dict(), "env": {"LD_PRELOAD": "/tmp/evil.so"}})
-    with pytest.raises(ConfigError, match=r"^study 's' trial 3: env key 'LD_PRELOAD' is not "
-                       r"allowed: .*export another trial \(--trial N\)$"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"^study 's' trial 3: env key 'LD_PRELOAD' is not "
+        r"allowed: .*export another trial \(--trial N\)$",
+    ):
         profile(bad)
     bad = TrialConfig(**{**config().to_dict(), "micro_batch": None})
     with pytest.raises(ConfigError, match=r"^study 's' trial 3: batch.micro_batch must be"):
@@ -487,8 +533,11 @@ def hostile_study(url: str, env: dict[str, str]) -> None:
     study.set_user_attr("autotune", {"workload": WORKLOAD, "hardware": HARDWARE})
     cfg = {**config().to_dict(), "env": env}
     for value, attrs in ((1.0, {"baseline": True}), (2.0, {})):
-        study.add_trial(create_trial(params={}, distributions={}, value=value,
-                                     user_attrs={"config": cfg, **attrs}))  # fmt: skip
+        study.add_trial(
+            create_trial(
+                params={}, distributions={}, value=value, user_attrs={"config": cfg, **attrs}
+            )
+        )
 
 
 @pytest.mark.parametrize("env_", [{"X;touch pwned": "1"}, {"OMP_NUM_THREADS": "$(touch pwned)"}])
@@ -507,10 +556,14 @@ def test_autotune_export_of_a_hostile_study_is_a_one_line_error(tmp_path, env_):
 
 def test_autotune_env_output_evals_to_exactly_the_profiles_values(tmp_path):
     cfg = TrialConfig.from_values(
-        {**SearchSpace.load("default").resolve(GPU).defaults(), "NCCL_ALGO": "Ring",
-         "NCCL_BUFFSIZE": 8388608, "threads": 4},
+        {
+            **SearchSpace.load("default").resolve(GPU).defaults(),
+            "NCCL_ALGO": "Ring",
+            "NCCL_BUFFSIZE": 8388608,
+            "threads": 4,
+        },
         GPU,
-    )  # fmt: skip
+    )
     path = profile(cfg, GPU).save(tmp_path / "best.yaml")
     p = run("env", str(path))
     assert p.returncode == 0, p.stderr
@@ -579,16 +632,21 @@ def test_launch_of_a_missing_command_is_a_one_line_error(tmp_path):
     p = run("launch", str(path), "--", "no-such-command-anywhere", "x")
     assert p.returncode == 2
     assert p.stdout == ""
-    assert p.stderr == "autotune: error: autotune launch: no such command "\
-        "'no-such-command-anywhere' (not an executable file, nor on PATH)\n"  # fmt: skip
+    assert (
+        p.stderr == "autotune: error: autotune launch: no such command "
+        "'no-such-command-anywhere' (not an executable file, nor on PATH)\n"
+    )
 
 
 def test_launch_becomes_the_command_with_the_profiles_env(tmp_path):
     """exec, not a child: the command runs as the very process ``autotune launch`` was."""
     path = write(tmp_path / "best.yaml")
-    p = subprocess.Popen([AUTOTUNE, "launch", str(path), "--", "bash", "-c",
-                          'echo "$$ $OMP_NUM_THREADS"; exit 3'],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    p = subprocess.Popen(
+        [AUTOTUNE, "launch", str(path), "--", "bash", "-c", 'echo "$$ $OMP_NUM_THREADS"; exit 3'],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     out, err = p.communicate(timeout=60)
     assert p.returncode == 3, err
     assert out.split() == [str(p.pid), "1"]

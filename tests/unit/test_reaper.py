@@ -107,7 +107,7 @@ def test_another_users_process_with_the_runs_mark_is_not_ended(started):
     nobody = subprocess.Popen(
         ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "sleep", "120"],
         env=marked("run-2"),
-    )  # fmt: skip
+    )
     started += [ours, nobody]
     assert wait_for(lambda: (p := read_proc(nobody.pid)) is not None and p.uids[0] != 0, 10)
 
@@ -135,9 +135,12 @@ def test_a_process_of_the_run_that_lost_its_mark_is_ended_once_recorded(adopting
     after that parent exited because it was recorded then."""
     reaper = adopting("run-4")
     shell = subprocess.Popen(
-        ["bash", "-c", "env -i sleep 120 >/dev/null 2>&1 & echo $!; read"], env=marked("run-4"),
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        ["bash", "-c", "env -i sleep 120 >/dev/null 2>&1 & echo $!; read"],
+        env=marked("run-4"),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     started.append(shell)
     agent = int(shell.stdout.readline())
     try:

@@ -44,7 +44,7 @@ RECORDS = [
         hardware={"device": "cpu"},
         space={"ddp": {}},
         left_out=["NCCL_ALGO: gloo"],
-    ),  # fmt: skip
+    ),
     FirstMeasurement(evidence={"step_s": 0.1}, probe={"bounds": {"comm_share": 0.5}}),
     StopRecord(kind="converged", why="converged: ...", at_s=61.234, budget_s=600.0, kept_s=30),
     ValidationRecord(
@@ -59,7 +59,7 @@ RECORDS = [
         failed={"trial 7": "crash: rank 1 died"},
         timed_s=12.5,
         after_trial=9,
-    ),  # fmt: skip
+    ),
     AblationRecord(
         trial=3,
         rounds=2,
@@ -75,7 +75,7 @@ RECORDS = [
         params={"precision": "bf16"},
         config={"precision": "bf16"},
         timed_s=4.0,
-    ),  # fmt: skip
+    ),
     LimitRecord(baseline={"trial": 0, "bounds": {}}, cost_s=7.5),
 ]
 
@@ -93,8 +93,15 @@ def test_a_record_comes_back_from_a_real_study_as_it_went_in(record, tmp_path):
 
 def test_the_screening_record_is_a_mapping_of_effects_and_comes_back():
     study = optuna.create_study()
-    effect = ScreenEffect(label="bf16", trial=2, state="COMPLETE", speedup=1.2, interval=ONE,
-                          helps=True, moves={"precision": "bf16"})  # fmt: skip
+    effect = ScreenEffect(
+        label="bf16",
+        trial=2,
+        state="COMPLETE",
+        speedup=1.2,
+        interval=ONE,
+        helps=True,
+        moves={"precision": "bf16"},
+    )
     effects = {"bf16": effect}
     assert load_screening(study) is None  # the screening is still open
     save_screening(study, effects)
@@ -106,34 +113,59 @@ def test_an_optional_field_left_empty_is_not_stored_and_an_older_record_reads():
     assert stored == {"baseline": {"trial": 0}}  # no "tuned": null, as earlier releases wrote
     # a record written before a field existed reads with its default; a newer key is ignored
     old = {"kind": "budget", "why": "x", "at_s": 1, "budget_s": 2, "from_the_future": [1]}
-    assert read(StopRecord, old, "stop") == StopRecord(kind="budget", why="x", at_s=1.0,
-                                                       budget_s=2.0)  # fmt: skip
+    assert read(StopRecord, old, "stop") == StopRecord(
+        kind="budget", why="x", at_s=1.0, budget_s=2.0
+    )
 
 
 @pytest.mark.parametrize(
     "record, raw, says",
     [
         (StopRecord, "not a record", r"^study record stop: expected a mapping, found str"),
-        (StopRecord, {"kind": "budget", "why": 3, "at_s": 1, "budget_s": 2},
-         r"^study record stop\.why: expected text"),
-        (StopRecord, {"kind": "budget", "why": "x", "at_s": math.inf, "budget_s": 2},
-         r"^study record stop\.at_s: expected a finite number"),
-        (StopRecord, {"kind": "budget", "why": "x", "at_s": True, "budget_s": 2},
-         r"^study record stop\.at_s: expected a finite number, found bool"),
-        (StopRecord, {"kind": "rm -rf", "why": "x", "at_s": 1, "budget_s": 2},
-         r"^stop record: kind 'rm -rf' is not one of"),
-        (StopRecord, {"kind": "budget", "why": "x" * (MAX_TEXT + 1), "at_s": 1, "budget_s": 2},
-         r"^study record stop\.why: expected text of at most"),
-        (ValidationRecord, {**write(RECORDS[3]), "winner": "trial 99"},
-         r"^study record validation: 'trial 99' has no result or trial"),
-        (ValidationRecord, {**write(RECORDS[3]), "trials": {"baseline": "0", "trial 3": 3}},
-         r"^study record validation\.trials\.baseline: expected a whole number, found str"),
-        (AblationRecord, {**write(RECORDS[4]), "contributions": {"x": {"kept": "yes"}}},
-         r"^study record ablation\.contributions\.x: field value is missing"),
+        (
+            StopRecord,
+            {"kind": "budget", "why": 3, "at_s": 1, "budget_s": 2},
+            r"^study record stop\.why: expected text",
+        ),
+        (
+            StopRecord,
+            {"kind": "budget", "why": "x", "at_s": math.inf, "budget_s": 2},
+            r"^study record stop\.at_s: expected a finite number",
+        ),
+        (
+            StopRecord,
+            {"kind": "budget", "why": "x", "at_s": True, "budget_s": 2},
+            r"^study record stop\.at_s: expected a finite number, found bool",
+        ),
+        (
+            StopRecord,
+            {"kind": "rm -rf", "why": "x", "at_s": 1, "budget_s": 2},
+            r"^stop record: kind 'rm -rf' is not one of",
+        ),
+        (
+            StopRecord,
+            {"kind": "budget", "why": "x" * (MAX_TEXT + 1), "at_s": 1, "budget_s": 2},
+            r"^study record stop\.why: expected text of at most",
+        ),
+        (
+            ValidationRecord,
+            {**write(RECORDS[3]), "winner": "trial 99"},
+            r"^study record validation: 'trial 99' has no result or trial",
+        ),
+        (
+            ValidationRecord,
+            {**write(RECORDS[3]), "trials": {"baseline": "0", "trial 3": 3}},
+            r"^study record validation\.trials\.baseline: expected a whole number, found str",
+        ),
+        (
+            AblationRecord,
+            {**write(RECORDS[4]), "contributions": {"x": {"kept": "yes"}}},
+            r"^study record ablation\.contributions\.x: field value is missing",
+        ),
         (RunRecord, {"workload": [1, 2]}, r"^study record autotune\.workload: expected a mapping"),
     ],
     ids=lambda x: x if isinstance(x, str) and len(x) < 30 else None,
-)  # fmt: skip
+)
 def test_a_record_that_is_not_what_autotune_writes_is_refused_in_one_line(record, raw, says):
     study = optuna.create_study()
     study.set_user_attr(ATTRS[record], raw)
@@ -144,9 +176,18 @@ def test_a_record_that_is_not_what_autotune_writes_is_refused_in_one_line(record
 
 def test_a_trials_accessors_read_a_value_of_the_wrong_type_as_absent():
     study = optuna.create_study()
-    study.enqueue_trial({}, user_attrs={"baseline": "yes", "screen": 3, "speedup": True,
-                                        "interval": {"median": "1"}, "logs": ["x"],
-                                        "fp32_drift": "inf", "reason": None})  # fmt: skip
+    study.enqueue_trial(
+        {},
+        user_attrs={
+            "baseline": "yes",
+            "screen": 3,
+            "speedup": True,
+            "interval": {"median": "1"},
+            "logs": ["x"],
+            "fp32_drift": "inf",
+            "reason": None,
+        },
+    )
     t = study.ask()
     assert tr.is_baseline(t) is False and tr.screen_label(t) is None
     assert tr.speedup(t) is None and tr.interval(t) is None and tr.logs(t) == ""

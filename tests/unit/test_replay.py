@@ -42,8 +42,15 @@ def replayed(path, seeds: int = SEEDS):
     for seed in range(seeds):
         for name, sampler, screening in (("random", "random", False), ("tuner", "tpe", True)):
             r = replay(land, seed=seed, sampler=sampler, screening=screening, n_trials=TRIALS)
-            results.append({"strategy": name, "seed": seed, "value": r.value, "share": r.share,
-                            "trials": r.trials})  # fmt: skip
+            results.append(
+                {
+                    "strategy": name,
+                    "seed": seed,
+                    "value": r.value,
+                    "share": r.share,
+                    "trials": r.trials,
+                }
+            )
     return summarise(results)
 
 
@@ -74,8 +81,16 @@ def test_a_grid_search_stops_when_every_point_is_measured():
     ``study.stop()``); with one ``study.optimize(n_trials=1)`` per trial the search asks the
     sampler itself. Without that, this run goes on re-measuring points until its 500 trials."""
     land = Landscape.load(LANDSCAPE)
-    r = replay(land, seed=0, sampler="grid", screening=False, n_trials=500, budget_s=1e7,
-               validate_top=0, ablation=False)  # fmt: skip
+    r = replay(
+        land,
+        seed=0,
+        sampler="grid",
+        screening=False,
+        n_trials=500,
+        budget_s=1e7,
+        validate_top=0,
+        ablation=False,
+    )
     grid = math.prod(len(choices) for choices in land.grid.values())
     anchors = 1 + grid // ANCHOR_EVERY  # the baseline and the runs of the defaults between
     assert grid <= r.trials <= grid + anchors + 1

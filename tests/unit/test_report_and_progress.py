@@ -27,10 +27,15 @@ DISTS = {
     "static_graph": CategoricalDistribution([False, True]),
 }
 DEFAULTS = {"bucket_cap_mb": 25.0, "static_graph": False}
-WORKLOAD = {"trainer": "mlp", "options": {}, "world_size": 2, "backend": "gloo",
-            "global_batch": 64}  # fmt: skip
-HARDWARE = {"device": "cpu", "device_name": "cpu", "device_count": 2, "node_count": 1,
-            "torch": "2.13.0", "nccl": None}  # fmt: skip
+WORKLOAD = {"trainer": "mlp", "options": {}, "world_size": 2, "backend": "gloo", "global_batch": 64}
+HARDWARE = {
+    "device": "cpu",
+    "device_name": "cpu",
+    "device_count": 2,
+    "node_count": 1,
+    "torch": "2.13.0",
+    "nccl": None,
+}
 TARGET = Target(backend="gloo", device="cpu", world_size=2, global_batch=64, cpus_per_rank=1)
 
 
@@ -49,10 +54,12 @@ def one_study(path: Path, *names: str) -> str:
         params = {"bucket_cap_mb": 25.0, "static_graph": False}
         study.add_trial(
             create_trial(
-                params=params, distributions=DISTS, value=400.0,
+                params=params,
+                distributions=DISTS,
+                value=400.0,
                 user_attrs={"baseline": True, "speedup": 1.0, "config": config(params)},
             )
-        )  # fmt: skip
+        )
     return url
 
 
@@ -84,7 +91,7 @@ def study_with(results, failures=(), directions=("maximize",)):
                     "reason": reason,
                     "reason_detail": detail,
                     "logs": f"/runs/logs/s/trial-{reason}-{len(detail)}",
-                },  # fmt: skip
+                },
             )
         )
     return study
@@ -170,8 +177,11 @@ def test_report_page_lists_best_trials_and_each_failure_with_its_reason(tmp_path
     for _, reason, detail in FAILURES:
         assert f"<td>{reason}</td><td>{detail}</td>" in page
         # where the failed trial's rank logs are kept, on its row
-        assert re.search(rf"<td>{detail}</td><td>[^<]*</td><td>/runs/logs/s/trial-{reason}-"
-                         rf"{len(detail)}</td></tr>", page)  # fmt: skip
+        assert re.search(
+            rf"<td>{detail}</td><td>[^<]*</td><td>/runs/logs/s/trial-{reason}-"
+            rf"{len(detail)}</td></tr>",
+            page,
+        )
     assert "1.52x" in page  # best speedup, 610 / 400
     assert "bucket_cap_mb: 12.0" in page  # the profile autotune export writes
 
@@ -278,10 +288,15 @@ def test_a_failure_detail_with_brackets_is_printed_as_it_is():
     detail = "rank 1: RuntimeError: [/__w/pytorch/third_party/gloo/transport/tcp/pair.cc:537] reset"
     view(
         TrialFinished(
-            tag="trial 3", number=3, outcome=Outcome.FAILED, elapsed_s=5.0,
-            changes={"comm_hook": "[fp16]"}, reason="crash", detail=detail,
+            tag="trial 3",
+            number=3,
+            outcome=Outcome.FAILED,
+            elapsed_s=5.0,
+            changes={"comm_hook": "[fp16]"},
+            reason="crash",
+            detail=detail,
         )
-    )  # fmt: skip
+    )
     text = out.getvalue()
     assert detail in text and "comm_hook=[fp16]" in text
     assert view.counts["failed"] == 1
@@ -310,8 +325,9 @@ def test_a_crafted_limit_record_is_a_section_that_says_it_could_not_be_read(tmp_
     KeyError) is left out with the reason; the rest of the page is written."""
     study = study_with(MANY, FAILURES)
     parts = dict.fromkeys(("data", "forward", "backward", "exposed_comm", "optimizer"), 0.1)
-    study.set_user_attr("limit", {"tuned": {"bounds": {"samples_per_s": "x"}, "breakdown": parts},
-                                  "cost_s": 1.0})  # fmt: skip
+    study.set_user_attr(
+        "limit", {"tuned": {"bounds": {"samples_per_s": "x"}, "breakdown": parts}, "cost_s": 1.0}
+    )
     report.write(report.build(study), tmp_path)
     page = (tmp_path / "report.html").read_text()
     assert "limit record could not be read (tuned: samples_per_s" in page

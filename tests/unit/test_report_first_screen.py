@@ -38,13 +38,18 @@ from tests.unit.test_report_and_progress import (
 
 LEFT_OUT = [f"knob_{i}: no-op on gloo/cpu (reason {i})" for i in range(20)]
 #: Each trial's windows: median, low, high (samples/s) of its 95 % interval.
-WINDOWS = {0: (400.0, 392.0, 408.0), 1: (520.0, 500.0, 540.0), 2: (380.0, 370.0, 390.0),
-           3: (610.0, 595.0, 625.0)}  # fmt: skip
+WINDOWS = {
+    0: (400.0, 392.0, 408.0),
+    1: (520.0, 500.0, 540.0),
+    2: (380.0, 370.0, 390.0),
+    3: (610.0, 595.0, 625.0),
+}
 
 
 def interval(median, low, high):
-    return IntervalRecord(median=median, low=low, high=high, n=5,
-                          rel_half_width=(high - low) / 2 / median)  # fmt: skip
+    return IntervalRecord(
+        median=median, low=low, high=high, n=5, rel_half_width=(high - low) / 2 / median
+    )
 
 
 def with_intervals(results, failures=()):
@@ -57,8 +62,15 @@ def with_intervals(results, failures=()):
         attrs = dict(t.user_attrs)
         if t.number in WINDOWS and t.state == TrialState.COMPLETE:
             attrs["interval"] = asdict(interval(*WINDOWS[t.number]))
-        study.add_trial(create_trial(params=t.params, distributions=t.distributions,
-                                     values=t.values, state=t.state, user_attrs=attrs))  # fmt: skip
+        study.add_trial(
+            create_trial(
+                params=t.params,
+                distributions=t.distributions,
+                values=t.values,
+                state=t.state,
+                user_attrs=attrs,
+            )
+        )
     return study
 
 
@@ -67,27 +79,46 @@ def evidence_study():
     1.48x [1.41, 1.55], its ablation keeping the buckets (1.45x [1.38, 1.52]) and dropping
     static_graph (1.01x [0.98, 1.04]); limit probed; 20 knobs left out."""
     study = with_intervals(RESULTS, FAILURES)
-    arm = ArmRecord(throughput=interval(600.0, 590.0, 610.0), speedup=interval(1.48, 1.41, 1.55),
-                    beats_baseline=True)  # fmt: skip
-    base_arm = ArmRecord(throughput=interval(405.0, 400.0, 410.0), speedup=interval(1, 1, 1),
-                         beats_baseline=False)  # fmt: skip
-    save(study, ValidationRecord(
-        winner="trial 3", speedup=interval(1.48, 1.41, 1.55), beats_baseline=True,
-        results={"baseline": base_arm, "trial 3": arm}, reason="trial 3: 1.48x",
-        trials={"baseline": 0, "trial 3": 3}, order=["baseline", "trial 3"] * 3,
-        measurements={"baseline": [400.0, 405.0, 410.0], "trial 3": [590.0, 600.0, 610.0]},
-    ))  # fmt: skip
+    arm = ArmRecord(
+        throughput=interval(600.0, 590.0, 610.0),
+        speedup=interval(1.48, 1.41, 1.55),
+        beats_baseline=True,
+    )
+    base_arm = ArmRecord(
+        throughput=interval(405.0, 400.0, 410.0), speedup=interval(1, 1, 1), beats_baseline=False
+    )
+    save(
+        study,
+        ValidationRecord(
+            winner="trial 3",
+            speedup=interval(1.48, 1.41, 1.55),
+            beats_baseline=True,
+            results={"baseline": base_arm, "trial 3": arm},
+            reason="trial 3: 1.48x",
+            trials={"baseline": 0, "trial 3": 3},
+            order=["baseline", "trial 3"] * 3,
+            measurements={"baseline": [400.0, 405.0, 410.0], "trial 3": [590.0, 600.0, 610.0]},
+        ),
+    )
     ablated = {"bucket_cap_mb": 12.0, "static_graph": DEFAULTS["static_graph"]}
-    save(study, AblationRecord(
-        trial=3, rounds=3, order=["winner", "without bucket_cap_mb", "without static_graph"],
-        measurements={"winner": [600.0]},
-        contributions={
-            "bucket_cap_mb": Contribution(value=12.0, kept=True, speedup=[1.38, 1.45, 1.52]),
-            "static_graph": Contribution(value=True, kept=False, speedup=[0.98, 1.01, 1.04]),
-        },
-        dropped=["static_graph"], together=False, joint=None,
-        params=ablated, config=config(ablated),
-    ))  # fmt: skip
+    save(
+        study,
+        AblationRecord(
+            trial=3,
+            rounds=3,
+            order=["winner", "without bucket_cap_mb", "without static_graph"],
+            measurements={"winner": [600.0]},
+            contributions={
+                "bucket_cap_mb": Contribution(value=12.0, kept=True, speedup=[1.38, 1.45, 1.52]),
+                "static_graph": Contribution(value=True, kept=False, speedup=[0.98, 1.01, 1.04]),
+            },
+            dropped=["static_graph"],
+            together=False,
+            joint=None,
+            params=ablated,
+            config=config(ablated),
+        ),
+    )
     advice = "larger buckets (fewer all-reduces), up to 1.10x: 40 all-reduces"
     probed = {**RECORD, "bounds": bounds(RECORD), "breakdown": breakdown(RECORD), "next": advice}
     study.set_user_attr("limit", {"baseline": probed, "tuned": probed, "cost_s": 4.0})

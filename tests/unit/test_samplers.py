@@ -34,7 +34,8 @@ def test_tpe_learns_from_configuration_failures_where_plain_tpe_cannot():
         optuna.samplers.TPESampler(seed=3, n_startup_trials=8), "crash"
     )
     aware = proposals_of_the_failing_choice(
-        FailureAwareTPESampler(seed=3, n_startup_trials=8), "crash")  # fmt: skip
+        FailureAwareTPESampler(seed=3, n_startup_trials=8), "crash"
+    )
     assert plain >= 10  # plain TPE never sees the failures: b stays a third of proposals
     assert aware <= plain / 3
 
@@ -45,7 +46,8 @@ def test_interruptions_teach_nothing():
         FailureAwareTPESampler(seed=3, n_startup_trials=8), "interrupted"
     )
     plain = proposals_of_the_failing_choice(
-        optuna.samplers.TPESampler(seed=3, n_startup_trials=8), "interrupted")  # fmt: skip
+        optuna.samplers.TPESampler(seed=3, n_startup_trials=8), "interrupted"
+    )
     assert interrupted == plain
 
 

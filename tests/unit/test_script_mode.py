@@ -117,7 +117,7 @@ def test_the_world_size_comes_from_torchrun_and_script_mode_has_no_limit_probe()
                 "3e-4",
             ],
             global_batch=128,
-        )  # fmt: skip
+        )
     )
     assert (job.world_size, job.global_batch, job.name) == (4, 128, "script-train")
     assert d.world_size == 4 and d.limit is True and d.concurrent_trials == 1  # the user's
@@ -129,32 +129,99 @@ def test_the_world_size_comes_from_torchrun_and_script_mode_has_no_limit_probe()
     [
         (["no-such-command-xyz", "train.py"], {"global_batch": 64}, "no such command"),
         ([sys.executable, "train.py"], {}, "--global-batch"),
-        ([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-          "--master-addr=10.0.0.1", "t.py"], {"global_batch": 64}, "--master-addr: on 2 nodes"),
-        ([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--standalone", "t.py"],
-         {"global_batch": 64}, "--standalone: on 2 nodes"),
-        ([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-          "--rdzv-endpoint", "h:1", "t.py"], {"global_batch": 64}, "--rdzv-endpoint: on 2"),
-        ([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:4", "t.py"],
-         {"global_batch": 64}, "--nnodes 1:4: give a fixed number of nodes"),
-        ([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "t.py"],
-         {"global_batch": 64, "nodes": 3}, "--nodes 3 disagrees with the command's --nnodes 2"),
+        (
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--master-addr=10.0.0.1",
+                "t.py",
+            ],
+            {"global_batch": 64},
+            "--master-addr: on 2 nodes",
+        ),
+        (
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--standalone",
+                "t.py",
+            ],
+            {"global_batch": 64},
+            "--standalone: on 2 nodes",
+        ),
+        (
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--rdzv-endpoint",
+                "h:1",
+                "t.py",
+            ],
+            {"global_batch": 64},
+            "--rdzv-endpoint: on 2",
+        ),
+        (
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:4", "t.py"],
+            {"global_batch": 64},
+            "--nnodes 1:4: give a fixed number of nodes",
+        ),
+        (
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "t.py"],
+            {"global_batch": 64, "nodes": 3},
+            "--nodes 3 disagrees with the command's --nnodes 2",
+        ),
         ([sys.executable, "t.py"], {"global_batch": 64, "nodes": 2}, "2 nodes need torchrun"),
-        ([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
-          "2", "t.py"], {"global_batch": 64, "world_size": 2}, "disagrees with the command's 2"),
-        ([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "t.py"],
-         {"global_batch": 64, "placement": "pack"}, None),
-        ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "t.py"],
-         {"global_batch": 64, "world_size": 4}, "disagrees"),
-        ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "t.py"],
-         {"global_batch": 64}, "not divisible"),
+        (
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "2",
+                "t.py",
+            ],
+            {"global_batch": 64, "world_size": 2},
+            "disagrees with the command's 2",
+        ),
+        (
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "t.py"],
+            {"global_batch": 64, "placement": "pack"},
+            None,
+        ),
+        (
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "t.py"],
+            {"global_batch": 64, "world_size": 4},
+            "disagrees",
+        ),
+        (
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "t.py"],
+            {"global_batch": 64},
+            "not divisible",
+        ),
         ([sys.executable, "t.py"], {"global_batch": 64, "concurrent_trials": 2}, "one trial"),
-        ([sys.executable, "t.py"], {"global_batch": 64, "placement": "spread"},
-         "--placement spread: script mode places one bundle per node, strict_pack on 1"),
-        ([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "t.py"],
-         {"global_batch": 64, "placement": "strict_pack"}, "strict_spread on 2 node"),
+        (
+            [sys.executable, "t.py"],
+            {"global_batch": 64, "placement": "spread"},
+            "--placement spread: script mode places one bundle per node, strict_pack on 1",
+        ),
+        (
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "t.py"],
+            {"global_batch": 64, "placement": "strict_pack"},
+            "strict_spread on 2 node",
+        ),
     ],
-)  # fmt: skip
+)
 def test_script_mode_refuses_what_it_cannot_run_with_the_fix(cmd, settings, says):
     if says is None:  # the default placement: no error
         script_job(definition(cmd, **settings))
@@ -170,10 +237,14 @@ def test_script_mode_refuses_what_it_cannot_run_with_the_fix(cmd, settings, says
         (["torchrun", "--nnodes=3:3", "t.py"], {}, 3, 3),
         (["torchrun", "--nproc_per_node", "2", "t.py"], {"nodes": 2}, 2, 4),
         (["torchrun", "--nnodes", "2", "t.py", "--nnodes", "7"], {}, 2, 2),  # the script's own
-        ([sys.executable, "-m", "torch.distributed.run", "t.py"], {"nodes": 2, "world_size": 4},
-         2, 4),
+        (
+            [sys.executable, "-m", "torch.distributed.run", "t.py"],
+            {"nodes": 2, "world_size": 4},
+            2,
+            4,
+        ),
     ],
-)  # fmt: skip
+)
 def test_nodes_and_world_size_come_from_torchrun_or_nodes(cmd, settings, nodes, world):
     which = shutil.which("torchrun") or sys.executable
     cmd = [which if w == "torchrun" else w for w in cmd]
@@ -186,14 +257,30 @@ def test_each_node_runs_torchrun_with_its_rank_and_the_first_nodes_rendezvous():
     cmd = ("/venv/bin/torchrun", "--nproc-per-node", "2", "train.py", "--node-rank", "9")
     assert node_command(cmd, nodes=1, node_rank=0, addr="a", port=1) == list(cmd)  # as typed
     assert node_command(cmd, nodes=2, node_rank=1, addr="10.0.0.1", port=29400) == [
-        "/venv/bin/torchrun", "--nnodes=2", "--node-rank=1", "--master-addr=10.0.0.1",
-        "--master-port=29400", "--nproc-per-node", "2", "train.py", "--node-rank", "9",
-    ]  # fmt: skip
+        "/venv/bin/torchrun",
+        "--nnodes=2",
+        "--node-rank=1",
+        "--master-addr=10.0.0.1",
+        "--master-port=29400",
+        "--nproc-per-node",
+        "2",
+        "train.py",
+        "--node-rank",
+        "9",
+    ]
     module = ("python3", "-u", "-m", "torch.distributed.run", "--nnodes", "2", "t.py")
     assert node_command(module, nodes=2, node_rank=0, addr="h", port=5) == [
-        "python3", "-u", "-m", "torch.distributed.run", "--node-rank=0", "--master-addr=h",
-        "--master-port=5", "--nnodes", "2", "t.py",
-    ]  # fmt: skip
+        "python3",
+        "-u",
+        "-m",
+        "torch.distributed.run",
+        "--node-rank=0",
+        "--master-addr=h",
+        "--master-port=5",
+        "--nnodes",
+        "2",
+        "t.py",
+    ]
     with pytest.raises(ValueError, match="not torchrun"):
         node_command(("python3", "t.py"), nodes=2, node_rank=0, addr="h", port=5)
 
@@ -204,30 +291,43 @@ def test_each_node_runs_torchrun_with_its_rank_and_the_first_nodes_rendezvous():
 @pytest.mark.parametrize(
     ("text", "says"),
     [
-        pytest.param("t 5.0\nt 5.0\n", "line 2: time stamp 5.0 is not after the one before",
-                     id="H-S10-equal-stamps"),
-        pytest.param("t 5.0\nl 0.1\nt 4.0\n", "line 3: time stamp 4.0 is not after",
-                     id="H-S10-backwards-stamps"),
-        pytest.param("t 5.0\nt 5.00000000001\n", "line 2: time stamp 5.00000000001 is not after",
-                     id="H-S10-stamps-closer-than-a-step"),
-        pytest.param("t nan\n", "line 1: time stamp nan is not a number of seconds",
-                     id="H-S11-nan-stamp"),
+        pytest.param(
+            "t 5.0\nt 5.0\n",
+            "line 2: time stamp 5.0 is not after the one before",
+            id="H-S10-equal-stamps",
+        ),
+        pytest.param(
+            "t 5.0\nl 0.1\nt 4.0\n",
+            "line 3: time stamp 4.0 is not after",
+            id="H-S10-backwards-stamps",
+        ),
+        pytest.param(
+            "t 5.0\nt 5.00000000001\n",
+            "line 2: time stamp 5.00000000001 is not after",
+            id="H-S10-stamps-closer-than-a-step",
+        ),
+        pytest.param(
+            "t nan\n", "line 1: time stamp nan is not a number of seconds", id="H-S11-nan-stamp"
+        ),
         pytest.param("t 1.0\nt inf\n", "line 2: time stamp inf", id="H-S11-infinite-stamp"),
         pytest.param("t -3.0\n", "time stamp -3.0 is not", id="H-S11-negative-stamp"),
         pytest.param("t 1.0\nt 1e300\n", "time stamp 1e+300 is not", id="H-S11-huge-stamp"),
-        pytest.param("t 1.0\nstep 2\n", "line 2: 'step 2' is not 't|l|m NUMBER'",
-                     id="H-S12-unknown-line"),
+        pytest.param(
+            "t 1.0\nstep 2\n", "line 2: 'step 2' is not 't|l|m NUMBER'", id="H-S12-unknown-line"
+        ),
         pytest.param("t 1.0\nt one\n", "line 2: 't one' is not", id="H-S12-not-a-number"),
         pytest.param("t 1.0\n\n", "line 2: '' is not", id="H-S12-blank-line"),
-        pytest.param("l " + "1" * 100 + "\n", "line 1: a line longer than 64 bytes",
-                     id="H-S12-long-line"),
-        pytest.param("t 1.0\n" + "7" * 5000, "line 2: a line longer than 64 bytes",
-                     id="H-S12-endless-line"),
+        pytest.param(
+            "l " + "1" * 100 + "\n", "line 1: a line longer than 64 bytes", id="H-S12-long-line"
+        ),
+        pytest.param(
+            "t 1.0\n" + "7" * 5000, "line 2: a line longer than 64 bytes", id="H-S12-endless-line"
+        ),
         pytest.param("m nan\n", "line 1: peak memory nan MiB is not", id="H-S13-nan-memory"),
         pytest.param("m -5\n", "peak memory -5.0 MiB is not", id="H-S13-negative-memory"),
         pytest.param("m inf\n", "peak memory inf MiB is not", id="H-S13-infinite-memory"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_step_report_line_is_refused_naming_the_file_and_the_line(tmp_path, text, says):
     f = tmp_path / "rank-0.steps"
     f.write_text(text)
@@ -318,8 +418,10 @@ def test_the_guard_front_tells_a_reaped_keeper_nothing(monkeypatch):
 def test_the_cgroup2_mount_and_the_group_are_found_in_mountinfo():
     from autotune.script import cgroup
 
-    hybrid = ["41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw",
-              "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory"]  # fmt: skip
+    hybrid = [
+        "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw",
+        "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory",
+    ]
     pure = ["30 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate"]
     bound = ["30 23 0:26 /user.slice /mnt/my\\040cg rw - cgroup2 cgroup2 rw"]
     exists = {"/sys/fs/cgroup/unified", "/sys/fs/cgroup/a.slice/b.scope", "/mnt/my cg/x"}
@@ -337,9 +439,18 @@ def test_the_cgroup2_mount_and_the_group_are_found_in_mountinfo():
     assert where("/", hybrid[1:]) is None  # cgroup v1 only
 
 
-@pytest.mark.parametrize("argv", [["12"], ["12", "--"], ["x", "--", "cmd"], ["12", "cmd"],
-                                  ["12", "--remove", "/tmp/d"], ["12", "--remove", "--", "c"],
-                                  ["12", "--remove", "/tmp/d", "cmd"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["12"],
+        ["12", "--"],
+        ["x", "--", "cmd"],
+        ["12", "cmd"],
+        ["12", "--remove", "/tmp/d"],
+        ["12", "--remove", "--", "c"],
+        ["12", "--remove", "/tmp/d", "cmd"],
+    ],
+)
 def test_the_guard_refuses_what_is_not_its_usage_and_starts_nothing(argv, capsys):
     from autotune.script import guard
 
@@ -371,7 +482,7 @@ Root Cause (first observed failure):
   error_file: <N/A>
   traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
 ============================================================
-"""
+"""  # noqa: E501 - a captured log line
 
 
 @pytest.mark.parametrize(

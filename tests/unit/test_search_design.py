@@ -20,8 +20,13 @@ GRID = {
     "num_workers": [0, 2],
     "static_graph": [False, True],
 }
-BASE = {"bucket_cap_mb": 25.0, "comm_hook": "none", "gradient_as_bucket_view": False,
-        "num_workers": 0, "static_graph": False}  # fmt: skip
+BASE = {
+    "bucket_cap_mb": 25.0,
+    "comm_hook": "none",
+    "gradient_as_bucket_view": False,
+    "num_workers": 0,
+    "static_graph": False,
+}
 
 
 def landscape(effects: dict[tuple[str, object], float], noise: float = 0.0) -> Landscape:
@@ -39,8 +44,12 @@ def landscape(effects: dict[tuple[str, object], float], noise: float = 0.0) -> L
     return Landscape(GRID, runs, point_key(BASE))
 
 
-TWO_HELP = {("static_graph", True): 1.10, ("num_workers", 2): 1.15, ("comm_hook", "fp16"): 0.8,
-            ("bucket_cap_mb", 5.0): 0.97}  # fmt: skip
+TWO_HELP = {
+    ("static_graph", True): 1.10,
+    ("num_workers", 2): 1.15,
+    ("comm_hook", "fp16"): 0.8,
+    ("bucket_cap_mb", 5.0): 0.97,
+}
 
 
 def test_screening_moves_each_applicable_prior_alone_in_prior_order():
@@ -141,8 +150,9 @@ def test_patience_stops_after_that_many_trials_without_a_new_best():
     r = replay(landscape({}), seed=0, n_trials=50, patience=3, validate_top=0)
     assert r.trials == 1 + 3
     # With one switch that helps, patience counts again from the improvement.
-    r = replay(landscape({("static_graph", True): 1.2}), seed=0, n_trials=50, patience=2,
-               validate_top=0)  # fmt: skip
+    r = replay(
+        landscape({("static_graph", True): 1.2}), seed=0, n_trials=50, patience=2, validate_top=0
+    )
     numbers = [t.number for t in r.study.trials if t.params.get("static_graph") is True]
     assert numbers and numbers[0] == 1  # screened first
     # baseline, the improvement, two stale trials (a run of the defaults is never stale)
@@ -152,8 +162,13 @@ def test_patience_stops_after_that_many_trials_without_a_new_best():
 def test_the_defaults_are_measured_again_every_anchor_every_trials():
     from autotune.search.loop import ANCHOR_EVERY
 
-    r = replay(landscape(TWO_HELP, noise=0.02), seed=1, n_trials=2 * ANCHOR_EVERY + 12,
-               validate_top=0, budget_s=10_000)  # fmt: skip
+    r = replay(
+        landscape(TWO_HELP, noise=0.02),
+        seed=1,
+        n_trials=2 * ANCHOR_EVERY + 12,
+        validate_top=0,
+        budget_s=10_000,
+    )
     trials = r.study.trials
     marked = [t.number for t in trials if t.user_attrs.get("baseline")]
     assert marked[0] == 0 and trials[marked[1]].user_attrs["anchor"] == "after screening"
@@ -280,8 +295,12 @@ def test_ablation_keeps_only_the_knobs_that_carry_the_gain():
     assert ablated, "some winner carried a passenger"
 
 
-THREE_HELP = {("static_graph", True): 1.10, ("num_workers", 2): 1.15,
-              ("gradient_as_bucket_view", True): 1.06, ("comm_hook", "fp16"): 0.8}  # fmt: skip
+THREE_HELP = {
+    ("static_graph", True): 1.10,
+    ("num_workers", 2): 1.15,
+    ("gradient_as_bucket_view", True): 1.06,
+    ("comm_hook", "fp16"): 0.8,
+}
 
 
 def test_the_fold_over_leaves_each_combined_knob_out_once_after_the_combination():
@@ -342,8 +361,15 @@ def test_knobs_that_each_prove_nothing_alone_but_carry_the_gain_together_are_kep
 def _cpu_target(native: bool):
     from autotune.core.target import Target
 
-    return Target(backend="gloo", device="cpu", world_size=2, global_batch=128,
-                  cpus_per_rank=1, bf16=True, bf16_native=native)  # fmt: skip
+    return Target(
+        backend="gloo",
+        device="cpu",
+        world_size=2,
+        global_batch=128,
+        cpus_per_rank=1,
+        bf16=True,
+        bf16_native=native,
+    )
 
 
 def test_bf16_is_screened_first_on_a_cpu_with_bf16_units_and_not_on_one_without():
@@ -365,8 +391,10 @@ def test_the_cpu_flags_say_whether_bf16_runs_in_hardware(tmp_path):
 
     def cpuinfo(flags: str) -> tuple[str | None, frozenset[str]]:
         f = tmp_path / "cpuinfo"
-        f.write_text(f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: {flags}\n\n"
-                     f"processor\t: 1\nmodel name\t: Some CPU\nflags\t\t: {flags}\n")  # fmt: skip
+        f.write_text(
+            f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: {flags}\n\n"
+            f"processor\t: 1\nmodel name\t: Some CPU\nflags\t\t: {flags}\n"
+        )
         return _cpuinfo(str(f))
 
     name, flags = cpuinfo("fpu sse avx2 avx512f avx512_bf16")

@@ -106,8 +106,15 @@ def _target(land):
     from autotune.core.target import Target
 
     hw = land.meta.get("hardware") or {}
-    return Target(backend="gloo", device="cpu", world_size=2, global_batch=128, cpus_per_rank=1,
-                  bf16=bool(hw.get("bf16")), bf16_native=bool(hw.get("bf16_native")))  # fmt: skip
+    return Target(
+        backend="gloo",
+        device="cpu",
+        world_size=2,
+        global_batch=128,
+        cpus_per_rank=1,
+        bf16=bool(hw.get("bf16")),
+        bf16_native=bool(hw.get("bf16_native")),
+    )
 
 
 def test_every_stop_is_said_and_stored_with_its_reason():

@@ -12,8 +12,13 @@ ID = re.compile(r"\bH-[A-Z]\d\d\b")
 
 def doc_rows() -> set[str]:
     text = (REPO / "docs" / "security.md").read_text()
-    return {m.group(0) for line in text.splitlines() if line.startswith("| H-")
-            for m in [ID.search(line)] if m}  # fmt: skip
+    return {
+        m.group(0)
+        for line in text.splitlines()
+        if line.startswith("| H-")
+        for m in [ID.search(line)]
+        if m
+    }
 
 
 def ids_in_tests() -> set[str]:

@@ -31,31 +31,42 @@ PLAN = [
     (
         {"bucket_cap_mb": 25, "static_graph": False, "precision": "fp32"},
         ("COMPLETE", 100.0, 98.0, 102.0, 1.0),
-    ),  # fmt: skip
+    ),
     (
         {"bucket_cap_mb": 50, "static_graph": True, "precision": "bf16"},
         ("COMPLETE", 121.0, 118.0, 124.0, 1.21),
-    ),  # fmt: skip
+    ),
     (
         {"bucket_cap_mb": 5, "static_graph": True, "precision": "fp16"},
         ("FAIL", "timeout", "no result within 60 s"),
-    ),  # fmt: skip
+    ),
     (
         {"bucket_cap_mb": 100, "static_graph": False, "precision": "fp32"},
         ("PRUNED", 80.0, 70.0, 85.0, 0.8),
-    ),  # fmt: skip
+    ),
 ]
 
 
 def measurement(value: float, low: float, high: float, speedup: float) -> tr.Measurement:
     return tr.Measurement(
         throughput=value,
-        interval=IntervalRecord(median=value, low=low, high=high, n=4,
-                                rel_half_width=(high - low) / 2 / value),  # fmt: skip
-        windows=[value] * 4, stop="converged", warmup_steps=3, step_time_s=0.01,
-        peak_memory_mb=[10.0, 10.0], steps=40, window_s=1.0, wall_s=5.0, overhead_s=1.0,
-        warmup_s=0.5, init_s=0.4, loss=0.1, speedup=speedup,
-    )  # fmt: skip
+        interval=IntervalRecord(
+            median=value, low=low, high=high, n=4, rel_half_width=(high - low) / 2 / value
+        ),
+        windows=[value] * 4,
+        stop="converged",
+        warmup_steps=3,
+        step_time_s=0.01,
+        peak_memory_mb=[10.0, 10.0],
+        steps=40,
+        window_s=1.0,
+        wall_s=5.0,
+        overhead_s=1.0,
+        warmup_s=0.5,
+        init_s=0.4,
+        loss=0.1,
+        speedup=speedup,
+    )
 
 
 def planned() -> optuna.Study:
@@ -76,8 +87,12 @@ def searched(sink: Trackers, study: optuna.Study | None = None) -> optuna.Study:
         trial.suggest_categorical("static_graph", [False, True])
         trial.suggest_categorical("precision", ["fp32", "bf16", "fp16"])
         state, *figures = PLAN[trial.number][1]
-        said = {"tag": f"trial {trial.number}", "number": trial.number, "elapsed_s": 1.0,
-                "changes": {}}  # fmt: skip
+        said = {
+            "tag": f"trial {trial.number}",
+            "number": trial.number,
+            "elapsed_s": 1.0,
+            "changes": {},
+        }
         if state == "FAIL":
             failure = TrialFailed(FailureReason(figures[0]), figures[1])
             tr.save_failure(trial, failure)
@@ -110,8 +125,12 @@ def exported(tmp_path: Path) -> Path:
     """A profile as the run exports it: re-validated at 1.21x (95 % 1.15-1.27x), trial 1."""
     p = make_profile()
     p.study.update(name=STUDY, best_trial=1)
-    p.measured.update(speedup=1.21, speedup_interval=[1.15, 1.27], best_samples_per_s=121.0,
-                      validation={"rounds": 3})  # fmt: skip
+    p.measured.update(
+        speedup=1.21,
+        speedup_interval=[1.15, 1.27],
+        best_samples_per_s=121.0,
+        validation={"rounds": 3},
+    )
     return p.save(tmp_path / "profiles" / f"{STUDY}.yaml")
 
 
@@ -145,8 +164,10 @@ def notes(seen: list) -> list[str]:
 def test_check_accepts_each_installed_tracker_repeated_or_comma_separated():
     trackers.check(["mlflow,tensorboard", "wandb", "mlflow"])
     assert trackers.names(["mlflow,tensorboard", " WandB ", "mlflow"]) == [
-        "mlflow", "tensorboard", "wandb"
-    ]  # fmt: skip
+        "mlflow",
+        "tensorboard",
+        "wandb",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -158,7 +179,7 @@ def test_check_accepts_each_installed_tracker_repeated_or_comma_separated():
             "tensorboard",
             "tensorboard",
             "--log-to tensorboard needs tensorboard: pip install tensorboard",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_a_tracker_whose_library_is_missing_is_a_one_line_error(monkeypatch, name, module, message):
@@ -404,8 +425,10 @@ def test_a_tracker_that_cannot_be_opened_is_said_and_the_run_goes_on(tmp_path, m
 def test_without_trackers_the_sink_only_passes_events_on(tmp_path):
     seen: list = []
     sink = Trackers(seen.append).open(planned(), tmp_path, {})
-    event = replace(TrialFinished(tag="t", number=0, outcome=Outcome.FAILED, elapsed_s=0.0,
-                                  changes={}), reason="crash")  # fmt: skip
+    event = replace(
+        TrialFinished(tag="t", number=0, outcome=Outcome.FAILED, elapsed_s=0.0, changes={}),
+        reason="crash",
+    )
     sink(event)
     sink.finish(Summary(STUDY, None, {"complete": 1}))
     sink.close()
@@ -421,11 +444,11 @@ def test_without_trackers_the_sink_only_passes_events_on(tmp_path):
         (
             ["--log-to", "tensorboard,mlflow"],
             "--log-to mlflow needs mlflow: pip install mlflow-skinny",
-        ),  # fmt: skip
+        ),
         (
             ["--log-to", "comet"],
             "--log-to comet: not a tracker; choose from mlflow, tensorboard, wandb",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_autotune_run_refuses_a_tracker_it_cannot_log_to_before_anything_starts(

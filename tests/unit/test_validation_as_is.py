@@ -36,8 +36,7 @@ from autotune.search.validation import TODAY, against_today, revalidate
 TARGET = Target(backend="gloo", device="cpu", world_size=2, global_batch=32, cpus_per_rank=2)
 SPACE = SearchSpace.load("default").resolve(TARGET)
 DEFAULTS = SPACE.defaults()
-WORKLOAD = {"trainer": "mlp", "options": {}, "world_size": 2, "backend": "gloo",
-            "global_batch": 32}  # fmt: skip
+WORKLOAD = {"trainer": "mlp", "options": {}, "world_size": 2, "backend": "gloo", "global_batch": 32}
 HARDWARE = {"device": "cpu", "device_name": "cpu", "device_count": 2, "node_count": 1}
 RERUN = MeasureSettings().rerun()
 
@@ -97,11 +96,23 @@ def test_a_new_process_reads_its_allocator_back_as_glibc_runs_it(env, code, expe
 
 def result(throughput: float, pinned: bool | None) -> TrialResult:
     rank = RankResult(
-        rank=0, applied={"allocator_pinned": pinned}, pid=1, steps=3, samples=96,
-        window_s=1.0, windows=[throughput] * 3, steps_per_window=1, warmup_steps=2,
-        stop="cap", setup_s=0.1, warmup_s=0.05, measure_s=1.0, loss=1.0, loss_curve=[],
+        rank=0,
+        applied={"allocator_pinned": pinned},
+        pid=1,
+        steps=3,
+        samples=96,
+        window_s=1.0,
+        windows=[throughput] * 3,
+        steps_per_window=1,
+        warmup_steps=2,
+        stop="cap",
+        setup_s=0.1,
+        warmup_s=0.05,
+        measure_s=1.0,
+        loss=1.0,
+        loss_curve=[],
         peak_memory_mb=1.0,
-    )  # fmt: skip
+    )
     return TrialResult(ranks=[rank, replace(rank, rank=1)], wall_s=2.0)
 
 
@@ -143,11 +154,14 @@ def study_with(winner_value: float = 200.0) -> optuna.Study:
     study.set_user_attr(ATTR, {"workload": WORKLOAD, "hardware": HARDWARE, "left_out": []})
     dist = {"precision": CategoricalDistribution(["fp32", "bf16"])}
     for precision, value, baseline in (("fp32", 132.0, True), ("bf16", winner_value, False)):
-        study.add_trial(create_trial(
-            params={"precision": precision}, distributions=dist, value=value,
-            user_attrs={"baseline": baseline,
-                        "config": config(precision=precision).to_dict()},
-        ))  # fmt: skip
+        study.add_trial(
+            create_trial(
+                params={"precision": precision},
+                distributions=dist,
+                value=value,
+                user_attrs={"baseline": baseline, "config": config(precision=precision).to_dict()},
+            )
+        )
     return study
 
 
@@ -155,9 +169,14 @@ def run_revalidation(measure, study=None, budget=None):
     study = study or study_with()
     events: list = []
     record = revalidate(
-        study=study, definition=StudyDefinition(name="t", trainer="mlp"), plan=(1, 4),
-        measure=measure, emit=events.append, defaults=DEFAULTS, budget=budget,
-    )  # fmt: skip
+        study=study,
+        definition=StudyDefinition(name="t", trainer="mlp"),
+        plan=(1, 4),
+        measure=measure,
+        emit=events.append,
+        defaults=DEFAULTS,
+        budget=budget,
+    )
     return study, record, events
 
 
@@ -321,9 +340,14 @@ def test_the_run_s_summary_prints_the_line():
     study, record, _ = run_revalidation(Stand())
     console = Console(record=True, width=300)
     summary = SimpleNamespace(
-        trials={}, study=study, study_name="t", baseline=None, best=None, profile_path=None,
+        trials={},
+        study=study,
+        study_name="t",
+        baseline=None,
+        best=None,
+        profile_path=None,
         storage_url="sqlite:///x.db",
-    )  # fmt: skip
+    )
     main._print_summary(console, summary)
     text = console.export_text()
     assert f"As today   {record.as_is.line(record.speedup)}" in text

@@ -66,9 +66,19 @@ def test_the_limit_line_writes_a_fast_rate_for_people():
 def test_the_runs_lines_write_rates_and_values_for_people():
     out = io.StringIO()
     view = RunView(Console(file=out, width=200, force_terminal=False), budget_s=60, live=False)
-    view(TrialFinished(tag="trial 3", number=3, outcome=Outcome.COMPLETE, elapsed_s=5.0,
-                       changes={"bucket_cap_mb": 1500.0}, throughput=54350.4, speedup=1.21,
-                       rel_half_width=0.02, windows=4))  # fmt: skip
+    view(
+        TrialFinished(
+            tag="trial 3",
+            number=3,
+            outcome=Outcome.COMPLETE,
+            elapsed_s=5.0,
+            changes={"bucket_cap_mb": 1500.0},
+            throughput=54350.4,
+            speedup=1.21,
+            rel_half_width=0.02,
+            windows=4,
+        )
+    )
     view(ValidationRun(key="trial 3", throughput=123456.7, rel_half_width=0.01))
     text = out.getvalue()
     assert "54,350 samples/s" in text and "bucket_cap_mb=1,500" in text
