@@ -90,6 +90,6 @@ def serve(url: str, *, host: str, port: int, token: str) -> None:
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
             pass
 
-    with make_server(host, port, TokenGate(wsgi(url), token), handler_class=Quiet) as server:
-        with contextlib.suppress(KeyboardInterrupt):
-            server.serve_forever()
+    server = make_server(host, port, TokenGate(wsgi(url), token), handler_class=Quiet)
+    with server, contextlib.suppress(KeyboardInterrupt):
+        server.serve_forever()
