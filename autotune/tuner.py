@@ -138,8 +138,7 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
         resolved = space.resolve(target)
         job = workload.name if isinstance(workload, ScriptJob) else d.trainer.replace(":", ".")
         name = req.study_name or f"{d.name}-{job}-{target.backend}-{target.world_size}r"
-        if req.storage_url is None:
-            make_private_dir(req.run_dir)
+        make_private_dir(req.run_dir)  # the logs, and the study when no --storage is given
         # 4. The study.
         study, opened = open_study(name, storage_url, d, resolved, workload.global_batch, hw)
         emit(opened)

@@ -23,7 +23,7 @@ import secrets
 from collections.abc import Callable, Iterable
 from http.cookies import SimpleCookie
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 __all__ = ["COOKIE", "TokenGate", "new_token", "serve"]
 
@@ -43,9 +43,12 @@ def new_token() -> str:
 class TokenGate:
     """A WSGI middleware: ``app`` only for requests with ``token`` (module doc)."""
 
-    def __init__(self, app: WSGIApp, token: str) -> None:
+    def __init__(self, app: WSGIApp, token: str, port: int = 0) -> None:
         self.app = app
         self.token = token
+        #: The cookie's name, this server's own: cookies are not kept apart by port, so two
+        #: dashboards on one host would overwrite each other's.
+        self.cookie = f"{COOKIE}_{port}" if port else COOKIE
 
     def _holds(self, given: str | None) -> bool:
         return given is not None and hmac.compare_digest(given.encode(), self.token.encode())
@@ -55,8 +58,10 @@ class TokenGate:
         given = next((v for k, v in query if k == PARAM), None)
         if self._holds(given):  # the printed address: set the cookie, drop the token
             rest = urlencode([(k, v) for k, v in query if k != PARAM])
-            where = environ.get("PATH_INFO", "/") + (f"?{rest}" if rest else "")
-            cookie = f"{COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/"
+            # the same page, as a path of this server only (no scheme, host, CR or LF)
+            where = "/" + quote(environ.get("PATH_INFO", "/").lstrip("/"))
+            where += f"?{rest}" if rest else ""
+            cookie = f"{self.cookie}={self.token}; HttpOnly; SameSite=Strict; Path=/"
             start_response("302 Found", [("Location", where), ("Set-Cookie", cookie)])
             return [b""]
         jar = SimpleCookie()
@@ -64,7 +69,7 @@ class TokenGate:
             jar.load(environ.get("HTTP_COOKIE", ""))
         except Exception:  # noqa: BLE001 - a malformed cookie header is no token
             jar = SimpleCookie()
-        held = jar.get(COOKIE)
+        held = jar.get(self.cookie)
         if self._holds(held.value if held is not None else None):
             return self.app(environ, start_response)
         body = (
@@ -90,6 +95,6 @@ def serve(url: str, *, host: str, port: int, token: str) -> None:
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
             pass
 
-    server = make_server(host, port, TokenGate(wsgi(url), token), handler_class=Quiet)
+    server = make_server(host, port, TokenGate(wsgi(url), token, port), handler_class=Quiet)
     with server, contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()

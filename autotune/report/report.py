@@ -105,6 +105,9 @@ def build(study: optuna.Study) -> Report:
     import matplotlib
 
     matplotlib.use("Agg")  # PNGs without a display
+    # a study's texts (a stored reason, a metric's name) are drawn as they are: `$...$` in one
+    # is not mathtext (a malformed one raised a traceback after a figure was written)
+    matplotlib.rcParams["text.parse_math"] = False
     import optuna.visualization as pv
     import optuna.visualization.matplotlib as mv
 

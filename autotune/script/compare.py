@@ -520,14 +520,22 @@ def _final_lines(plan: Plan, result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _say(text: str, **kwargs: Any) -> None:
+    """A line for the terminal, with the command's own text in it escaped (``terminal_safe``)."""
+    from autotune.core.values import terminal_safe
+
+    print(terminal_safe(text), **kwargs)
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     """``autotune compare``: check, measure, say. 0 when every run was measured, 1 when one
     failed; Ctrl-C and SIGTERM end the running command (``run_script``'s guard) and reach
     ``autotune.cli.main`` as ``KeyboardInterrupt`` (exit 130, 143)."""
     from autotune.core.errors import Terminated, raise_terminated
+    from autotune.core.values import terminal_safe
 
     plan = make_plan(args, Path.cwd())
-    say = functools.partial(print, flush=True)
+    say = functools.partial(_say, flush=True)
 
     for arm in plan.arms:
         for diff in [] if arm.profile is None else arm.profile.hardware_differences():
@@ -548,7 +556,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     failed = next((r for r in runs if r.failure), None)
     if failed is not None:
         print(
-            f"autotune: compare: {failed.key} failed in round {failed.round}: {failed.failure}",
+            terminal_safe(
+                f"autotune: compare: {failed.key} failed in round {failed.round}: {failed.failure}"
+            ),
             file=sys.stderr,
         )
         return 1

@@ -43,6 +43,8 @@ _RENDEZVOUS = (
     ("--standalone",),
 )
 _TORCHRUN_MODULE = "torch.distributed.run"
+#: torchrun's switch that runs a module as the script.
+_MODULE = ("-m", "--module")
 
 
 @dataclass(frozen=True)
@@ -86,13 +88,15 @@ def launcher_end(cmd: tuple[str, ...]) -> int | None:
 
 
 def _launcher_args(cmd: tuple[str, ...]) -> tuple[str, ...]:
-    """torchrun's own arguments: from its name to the script (the first word ending .py, or
-    the first that is not an option or an option's value: torchrun's are all ``--name value``
-    or ``--name=value`` apart from its switches)."""
+    """torchrun's own arguments: from its name to the script (the first word ending .py) or
+    to ``-m``/``--module`` (a module run as the script): the words after are the script's."""
     start = launcher_end(cmd)
     if start is None:
         return ()
-    end = next((i for i in range(start, len(cmd)) if cmd[i].endswith(".py")), len(cmd))
+    end = next(
+        (i for i in range(start, len(cmd)) if cmd[i].endswith(".py") or cmd[i] in _MODULE),
+        len(cmd),
+    )
     return cmd[start:end]
 
 
@@ -182,6 +186,12 @@ def script_job(d: StudyDefinition) -> tuple[StudyDefinition, ScriptJob]:
                 f"--nproc-per-node {nproc}; drop --world-size"
             )
         world = int(nproc) * nodes
+    elif launcher_end(cmd) is not None and world not in (None, nodes):
+        raise ConfigError(
+            f"--world-size {world}: torchrun starts one rank per node without --nproc-per-node "
+            f"({nodes} in all); give it --nproc-per-node {max(world // nodes, 1)} and drop "
+            "--world-size"
+        )
     elif world is not None and world % nodes:
         raise ConfigError(
             f"--world-size {world} is not a whole number of ranks on each of {nodes} nodes; "

@@ -81,6 +81,9 @@ NODE_LOCAL = (
     "NCCL_SOCKET_IFNAME",
     "TP_SOCKET_IFNAME",
 )
+#: How long the driver gives the leader to answer once a follower has failed (a leader that has
+#: measured may be ending its command: the guard's stages).
+LEADER_GRACE_S = script_guard.GRACE_S + script_guard.KILL_S + 2
 #: How often a follower asks whether the leader has ended.
 FOLLOW_POLL_S = 0.25
 #: How long the driver waits for the other nodes' answers once the leader has one (each ends
@@ -173,7 +176,12 @@ def check_files(runner: TrialRunner, command: Sequence[str], cwd: str) -> Files:
             for i in range(runner.bundles)
         ]
         try:
-            shared = all(ray.get(tasks))
+            shared = all(ray.get(tasks, timeout=TASK_GRACE_S * 4))
+        except ray.exceptions.RayError as e:
+            raise ConfigError(
+                f"could not ask the trial's nodes whether they see the files of {cwd} "
+                f"({first_line(str(e))}); check the cluster, or set AUTOTUNE_SCRIPT_FILES"
+            ) from None
         finally:
             for t in tasks:
                 runner.task_done(t)
@@ -248,20 +256,35 @@ def run_node(
     env = _node_env(driver_env)
     out = NodeOutcome(node=node)
     config: TrialConfig = measure["config"]
-    with script_trial.Launch(
-        command, config, measure["world_size"], measure["backend"], log, cwd or os.getcwd(), env
-    ) as run:
+    try:
+        launch = script_trial.Launch(
+            command,
+            config,
+            measure["world_size"],
+            measure["backend"],
+            log,
+            cwd or os.getcwd(),
+            env,
+        )
+    except TrialFailed as e:  # its log could not be opened
+        out.failure = e
+        return out
+    with launch as run:
         try:
             if leader is None:
                 out.result = script_trial.measure_run(run, **measure)
                 out.peak_mb = out.result.peak_memory_mb
             else:
                 _follow(run, leader[0], node, measure["timeout_s"])
-                out.peak_mb = script_trial.peak_of_ranks(run.reports, measure["max_memory_mb"])
         except TrialFailed as e:
             out.failure = e
+        except KeyboardInterrupt:  # cancelled: the outcome, and the log, still go back
+            out.failure = TrialFailed(FailureReason.INTERRUPTED, "stopped by the driver")
         finally:
             run.end()
+            if leader is not None:  # the peak, whatever ended the command; the driver judges
+                with contextlib.suppress(TrialFailed):
+                    out.peak_mb = script_trial.peak_of_ranks(run.reports, None)
             if log_dir is not None and not direct:
                 out.log = logfile.tail(run.log, logfile.LIMIT.max_bytes)
     return out
@@ -274,15 +297,17 @@ def _follow(run: script_trial.Launch, leader: Any, node: int, timeout_s: float) 
     our own after the trial's timeout and grace."""
     import ray
 
+    def ended(timeout: float) -> bool:  # without fetching the leader's outcome here
+        return bool(ray.wait([leader], timeout=timeout, fetch_local=False)[0])
+
     until = time.monotonic() + timeout_s + TASK_GRACE_S
     while time.monotonic() < until:
-        done, _ = ray.wait([leader], timeout=FOLLOW_POLL_S)
-        if done:
+        if ended(FOLLOW_POLL_S):
             return
         code = run.proc.poll()
         if code is not None:
-            # the leader decides when it ends meanwhile; the error is kept for the driver
-            ray.wait([leader], timeout=FOLLOWERS_WAIT_S)
+            if ended(FOLLOWERS_WAIT_S):  # the leader ended meanwhile: it decides
+                return
             said = script_trial.error_line(run.log)
             raise TrialFailed(
                 FailureReason.CRASH,
@@ -326,11 +351,7 @@ def run_on_nodes(
     nodes = runner.bundles
     addr, port = "", 0
     if nodes > 1:
-        task = runner.start_task(free_port, 0)
-        try:
-            addr, port = ray.get(task, timeout=TASK_GRACE_S)
-        finally:
-            runner.task_done(task)
+        addr, port = _rendezvous(runner)
     common: dict[str, Any] = dict(
         log_dir=log_dir,
         driver_node=ray.get_runtime_context().get_node_id(),
@@ -359,17 +380,34 @@ def run_on_nodes(
             **common,
         )
 
-    first = start(0, None)
-    refs = {first: 0}
-    refs.update({start(i, [first]): i for i in range(1, nodes)})
-    t = _Trial(runner, refs, runner.bundle_nodes())
-    try:
+    t = _Trial(runner, {}, runner.bundle_nodes())
+    try:  # from the first task on: whatever happens, every task started is ended
+        first = start(0, None)
+        t.refs[first] = 0
+        for i in range(1, nodes):
+            t.refs[start(i, [first])] = i
         _wait(t, first, started + timeout_s + TASK_GRACE_S, timeout_s)
     finally:
         _finish(t)
         if log_dir is not None:
             _save_logs(t, Path(log_dir), nodes)
     return _result(t, time.monotonic() - started, max_memory_mb)
+
+
+def _rendezvous(runner: TrialRunner) -> tuple[str, int]:
+    """The first node's address and a free port there (``free_port``, as a task in the first
+    bundle); a task that fails or does not answer fails the trial."""
+    import ray
+
+    task = runner.start_task(free_port, 0)
+    try:
+        return ray.get(task, timeout=TASK_GRACE_S)
+    except ray.exceptions.RayError as e:
+        ray.cancel(task, force=True)
+        f = classify(0, e)
+        raise TrialFailed(f.reason, "the rendezvous on node 0: " + first_line(f.detail)) from None
+    finally:
+        runner.task_done(task)
 
 
 def _wait(t: _Trial, first: Any, deadline: float, timeout_s: float) -> None:
@@ -384,8 +422,11 @@ def _wait(t: _Trial, first: Any, deadline: float, timeout_s: float) -> None:
             raise TrialFailed(FailureReason.TIMEOUT, f"no answer after {timeout_s:.0f}s")
         _take(t, done[0])
         i = t.refs[done[0]]
-        if i != 0 and i in t.failures:
-            ray.cancel(first)  # a follower's command ended first: the trial is over
+        if i != 0 and i in t.failures:  # a follower's command ended first: the trial is over
+            if ray.wait([first], timeout=LEADER_GRACE_S, fetch_local=False)[0]:
+                _take(t, first)  # unless the leader was just ending its measured command
+            else:
+                ray.cancel(first)
             break
 
 
@@ -400,6 +441,13 @@ def _take(t: _Trial, ref: Any) -> None:
         out: NodeOutcome = ray.get(ref)
     except rex.TaskCancelledError:
         t.failures[i] = TrialFailed(FailureReason.INTERRUPTED, "stopped by the driver")
+        return
+    except rex.RayTaskError as e:
+        if isinstance(e.cause, TrialFailed):
+            t.failures[i] = e.cause
+            return
+        f = classify(0, e)
+        t.failures[i] = TrialFailed(f.reason, f"node {i}: " + f.detail.removeprefix("rank 0: "))
         return
     except rex.NodeDiedError as e:
         why = first_line(str(e))
@@ -425,7 +473,7 @@ def _finish(t: _Trial) -> None:
     for force in (False, True):
         if not pending:
             return
-        if force or 0 not in t.outcomes or 0 in t.failures:  # the leader has no measurement
+        if force or (0 not in t.outcomes and 0 not in t.failures):  # the leader has no answer
             for ref in pending:
                 ray.cancel(ref, force=force)
         done, pending = ray.wait(pending, num_returns=len(pending), timeout=FOLLOWERS_WAIT_S)

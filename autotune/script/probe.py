@@ -31,6 +31,7 @@ from typing import Any
 
 from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.errors import FailureReason, TrialFailed
+from autotune.launch.failures import first_line
 from autotune.launch.launcher import TASK_GRACE_S, TrialRunner
 from autotune.launch.results import TrialResult
 from autotune.rank.link import sweep
@@ -119,7 +120,8 @@ def link_sweep(runner: TrialRunner, sizes: list[int]) -> list[tuple[int, float]]
     try:
         return ray.get(tasks[0], timeout=120 + 30 * len(sizes))
     except ray.exceptions.RayError as e:
-        raise TrialFailed(FailureReason.CRASH, f"the link's all-reduces failed: {e}") from None
+        why = first_line(str(e))
+        raise TrialFailed(FailureReason.CRASH, f"the link's all-reduces failed: {why}") from None
     finally:
         for t in tasks:
             ray.cancel(t, force=True)

@@ -113,6 +113,8 @@ class _Probe:
         self.out = out
         self.t: dict[str, float] = {}
         self.optimizer_s = 0.0
+        self.stepped = False
+        self.cuda = False  # the model's outputs are on a GPU: its marks wait for the device
         self.grad_bytes = self.buckets = self.last_bytes = 0
         model.register_forward_hook(self._forward_ends)
         register_optimizer_step_pre_hook(self._optimizer_begins)
@@ -121,8 +123,18 @@ class _Probe:
         if self.timed_comm:  # a lambda: DDP refuses a hook whose annotations are not its types
             model.register_comm_hook(None, lambda state, bucket: self._allreduce(state, bucket))
 
+    def _now(self) -> float:
+        """A mark's time; on a GPU once the device has finished what was queued (its kernels
+        run after the CPU returns, and NCCL's futures complete when queued)."""
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
     def _forward_ends(self, module: Any, args: Any, output: Any) -> None:
-        self.t["forward_end"] = time.perf_counter()
+        self.cuda = self.cuda or bool(getattr(output, "is_cuda", False))
+        self.t["forward_end"] = self._now()
 
     def _optimizer_begins(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.t["optimizer"] = time.perf_counter()
@@ -130,6 +142,7 @@ class _Probe:
     def _optimizer_ends(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if "optimizer" in self.t:
             self.optimizer_s += time.perf_counter() - self.t.pop("optimizer")
+            self.stepped = True
 
     def _allreduce(self, state: Any, bucket: Any) -> Any:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -138,14 +151,14 @@ class _Probe:
         nbytes = buffer.numel() * buffer.element_size()
         self.grad_bytes += nbytes
         self.buckets += 1
-        fut = default_hooks.allreduce_hook(state, bucket)
         if not bucket.is_last():
-            return fut
-        self.t["last_ready"] = time.perf_counter()
+            return default_hooks.allreduce_hook(state, bucket)
+        self.t["last_ready"] = self._now()  # before its all-reduce is queued
         self.last_bytes = nbytes
+        fut = default_hooks.allreduce_hook(state, bucket)
 
         def done(f: Any) -> Any:
-            self.t["comm_done"] = time.perf_counter()
+            self.t["comm_done"] = self._now()
             return f.value()
 
         return fut.then(done)
@@ -159,9 +172,11 @@ class _Probe:
                 out.write(f"b {max(t['last_ready'] - t['forward_end'], 0.0)!r}\n")
                 out.write(f"x {max(t['comm_done'] - t['last_ready'], 0.0)!r}\n")
                 out.write(f"g {self.grad_bytes}\nk {self.buckets}\nz {self.last_bytes}\n")
-            out.write(f"o {self.optimizer_s!r}\n")
+            if self.stepped:  # once per optimizer step, not per micro-step
+                out.write(f"o {self.optimizer_s!r}\n")
         self.t = {"start": time.perf_counter()}
         self.optimizer_s = 0.0
+        self.stepped = False
         self.grad_bytes = self.buckets = 0
 
 

@@ -209,14 +209,27 @@ def measure_run(
     wall = time.monotonic() - run.started
     rank = _rank_result(stream, rank0, config, pid=run.proc.pid, wall_s=wall, peak_mb=peak_mb)
     if rank0.probe:  # the first measurement's run (``script.probe``)
-        rank.limit = {"phases": phases(rank0.probe, rank.steps)}
+        rank.limit = {"phases": phases(rank0.probe, rank.steps, config.accumulation_steps)}
     return TrialResult(ranks=[rank], wall_s=wall)
 
 
-def phases(probe: Mapping[str, Sequence[float]], steps: int) -> dict[str, float]:
-    """The median of each of a probe's figures over its last ``steps`` steps (the measured
-    ones; ``script.report``'s kinds: ``f`` forward seconds, ...)."""
-    return {k: statistics.median(v[-max(steps, 1) :]) for k, v in probe.items() if v}
+#: The probe's kinds written once per forward pass; the others once per optimizer step.
+PER_FORWARD = ("f",)
+
+
+def phases(
+    probe: Mapping[str, Sequence[float]], forwards: int, accumulation_steps: int = 1
+) -> dict[str, float]:
+    """The median of each of a probe's figures over the measured steps (``script.report``'s
+    kinds: ``f`` forward seconds, ...): the last ``forwards`` forward passes' for the kinds
+    written per forward pass, the last ``forwards / accumulation_steps`` optimizer steps' for
+    the others."""
+    steps = max(forwards // max(accumulation_steps, 1), 1)
+    return {
+        k: statistics.median(v[-(max(forwards, 1) if k in PER_FORWARD else steps) :])
+        for k, v in probe.items()
+        if v
+    }
 
 
 class Launch:

@@ -32,7 +32,12 @@ def storage(tmp_path):
     import optuna
 
     url = f"sqlite:///{tmp_path / 'studies.db'}"
-    optuna.create_study(study_name="s", storage=url)
+    before = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # its INFO line is not the command's
+    try:
+        optuna.create_study(study_name="s", storage=url)
+    finally:
+        optuna.logging.set_verbosity(before)
     return url
 
 

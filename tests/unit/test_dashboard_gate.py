@@ -59,3 +59,9 @@ def test_h_w07_only_the_printed_token_reaches_optuna_dashboard():
     assert status == "200 OK" and body == b"studies"
     assert reached == [("GET", "/api/studies")]
     assert len(token) >= 32 and new_token() != token
+    # a path that would leave the server, or inject a header, stays a path of this server
+    status, headers, _ = call(gate, "//evil.example/\r\nSet-Cookie: x=1", query=f"token={token}")
+    assert headers["Location"].startswith("/evil.example/") and "\r" not in headers["Location"]
+    assert "\n" not in headers["Location"]
+    # each server's cookie is its own
+    assert TokenGate(app, token, 8081).cookie != TokenGate(app, token, 8082).cookie

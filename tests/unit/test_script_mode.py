@@ -220,6 +220,11 @@ def test_the_world_size_comes_from_torchrun_and_script_mode_has_no_limit_probe()
             {"global_batch": 64, "placement": "strict_pack"},
             "strict_spread on 2 node",
         ),
+        (
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "t.py"],
+            {"global_batch": 64, "world_size": 8},
+            "--world-size 8: torchrun starts one rank per node without --nproc-per-node",
+        ),
     ],
 )
 def test_script_mode_refuses_what_it_cannot_run_with_the_fix(cmd, settings, says):
@@ -236,12 +241,13 @@ def test_script_mode_refuses_what_it_cannot_run_with_the_fix(cmd, settings, says
         (["torchrun", "--nnodes", "2", "--nproc-per-node", "3", "t.py"], {}, 2, 6),
         (["torchrun", "--nnodes=3:3", "t.py"], {}, 3, 3),
         (["torchrun", "--nproc_per_node", "2", "t.py"], {"nodes": 2}, 2, 4),
+        (["torchrun", "--nproc-per-node", "2", "-m", "pkg.train", "--nnodes", "9"], {}, 1, 2),
         (["torchrun", "--nnodes", "2", "t.py", "--nnodes", "7"], {}, 2, 2),  # the script's own
         (
             [sys.executable, "-m", "torch.distributed.run", "t.py"],
-            {"nodes": 2, "world_size": 4},
+            {"nodes": 2, "world_size": 2},  # torchrun's one rank per node
             2,
-            4,
+            2,
         ),
     ],
 )
