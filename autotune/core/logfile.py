@@ -59,14 +59,19 @@ LIMIT = Limit(max_bytes=64 << 20, head_bytes=8 << 20, tail_bytes=8 << 20)
 
 def tail(path: str | os.PathLike[str], n_bytes: int) -> bytes:
     """The last ``n_bytes`` of ``path`` (all of it when smaller; empty when it is missing),
-    read without reading the rest."""
+    read without reading the rest. Only a regular file is read, never through a link and
+    never waiting on a FIFO: one swapped in where a log was (a directory others can write)
+    gives nothing."""
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            f.seek(max(0, size - n_bytes))
-            return f.read(n_bytes)
-    except (FileNotFoundError, IsADirectoryError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
         return b""
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            return b""
+        f.seek(max(0, info.st_size - n_bytes))
+        return f.read(n_bytes)
 
 
 def last_line(

@@ -84,6 +84,9 @@ NODE_LOCAL = (
 #: How long the driver gives the leader to answer once a follower has failed (a leader that has
 #: measured may be ending its command: the guard's stages).
 LEADER_GRACE_S = script_guard.GRACE_S + script_guard.KILL_S + 2
+#: The driver's variables no node's command gets: Ray's (its token, its private temp dir) are
+#: the driver's connection, not the job's.
+DRIVER_ONLY_PREFIXES = ("RAY_",)
 #: How often a follower asks whether the leader has ended.
 FOLLOW_POLL_S = 0.25
 #: How long the driver waits for the other nodes' answers once the leader has one (each ends
@@ -122,18 +125,28 @@ class Files:
         )
 
 
+#: The most entries below the directory the fingerprint reads (past them: not the same files).
+FINGERPRINT_ENTRIES = 20_000
+
+
 def fingerprint(directory: str, script: str | None) -> str:
-    """What identifies the job's files in ``directory``: its entries' names, kinds and sizes,
-    and the script's bytes (``script``, relative to it). Equal on two nodes: the same files."""
+    """What identifies the job's files in ``directory``: every entry below it
+    (``SHIP_EXCLUDES`` left out) by its path, kind, size and modification time, and the
+    script's bytes (``script``, relative to it). Equal on two nodes: the same files, which a
+    copy made apart (another time stamp) is not. Empty past ``FINGERPRINT_ENTRIES``."""
     h = hashlib.sha256()
-    try:
-        entries = sorted(os.scandir(directory), key=lambda e: e.name)
-    except OSError:
-        return ""
-    for e in entries[:10_000]:
-        with contextlib.suppress(OSError):
-            st = e.stat(follow_symlinks=False)
-            h.update(f"{e.name}\0{e.is_dir(follow_symlinks=False)}\0{st.st_size}\n".encode())
+    seen = 0
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = sorted(d for d in dirs if d not in SHIP_EXCLUDES)
+        for name in sorted([*dirs, *files]):
+            seen += 1
+            if seen > FINGERPRINT_ENTRIES:
+                return ""
+            path = os.path.join(root, name)
+            with contextlib.suppress(OSError):
+                st = os.lstat(path)
+                rel = os.path.relpath(path, directory)
+                h.update(f"{rel}\0{st.st_mode}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     if script:
         with contextlib.suppress(OSError), open(os.path.join(directory, script), "rb") as f:
             h.update(f.read(16 << 20))
@@ -141,19 +154,39 @@ def fingerprint(directory: str, script: str | None) -> str:
 
 
 def _sees(directory: str, script: str | None, expected: str) -> bool:
-    """On a node: whether ``directory`` holds the job's files (``fingerprint``)."""
-    return os.path.isdir(directory) and fingerprint(directory, script) == expected
+    """On a node: whether ``directory`` holds the job's files (``fingerprint``), in a directory
+    of this user's that no one else can write (another user's directory at the same path,
+    holding look-alike files, would run its code as this user)."""
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return False
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        return False
+    return fingerprint(directory, script) == expected
 
 
 def directory_size(directory: str, limit: int) -> int:
     """Bytes of the files below ``directory`` that shipping would take (``SHIP_EXCLUDES`` left
-    out), counting stops once past ``limit``."""
+    out), counting stops once past ``limit``. A link that leads out of the directory is a
+    ``ConfigError``: Ray's packing follows links, so the file it names (``/etc/passwd``,
+    ``~/.ssh``) would travel to every node, and past the size limit unseen."""
+    top = os.path.realpath(directory)
     total = 0
     for root, dirs, files in os.walk(directory):
         dirs[:] = [d for d in dirs if d not in SHIP_EXCLUDES]
+        for name in [*dirs, *files]:
+            path = os.path.join(root, name)
+            if os.path.islink(path):
+                target = os.path.realpath(path)
+                if os.path.commonpath([top, target]) != top:
+                    raise ConfigError(
+                        f"{path} is a link out of {directory} (to {target}), which would travel "
+                        "to every node; remove it, or run autotune from a directory without it"
+                    )
         for name in files:
             with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_size
+                total += os.stat(os.path.join(root, name)).st_size
             if total > limit:
                 return total
     return total
@@ -225,7 +258,11 @@ def _node_env(driver_env: Mapping[str, str]) -> dict[str, str]:
     ``NODE_LOCAL`` variables; the bundle's GPUs, as Ray gave them to this task."""
     import ray
 
-    env = {k: v for k, v in driver_env.items() if k not in NODE_LOCAL}
+    env = {
+        k: v
+        for k, v in driver_env.items()
+        if k not in NODE_LOCAL and not k.startswith(DRIVER_ONLY_PREFIXES)
+    }
     env.update({k: os.environ[k] for k in NODE_LOCAL if k in os.environ})
     gpus = ray.get_gpu_ids()
     if gpus:

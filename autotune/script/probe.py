@@ -143,7 +143,14 @@ def record_of(
     step = config.global_batch / result.throughput  # seconds per optimizer step
     forward, backward = got["f"] * a, got.get("b", 0.0) * a
     exposed, optimizer = got.get("x", 0.0), got.get("o", 0.0)
-    data = max(step - forward - backward - exposed - optimizer, 0.0)
+    timed = forward + backward + exposed + optimizer
+    if not timed < step:  # the script's own figures: a step they do not fit is no breakdown
+        raise TrialFailed(
+            FailureReason.CRASH,
+            f"the script's timed phases ({timed:.4g} s) do not fit in its measured step "
+            f"({step:.4g} s): not a breakdown of it",
+        )
+    data = step - timed
     fit_bytes = [b for b, _ in points]
     fit_s = [s for _, s in points]
     alpha, per_byte = fit_alpha_beta(fit_bytes, fit_s) or (0.0, 0.0)

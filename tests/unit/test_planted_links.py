@@ -56,3 +56,19 @@ def test_h_w06_the_run_directory_autotune_makes_is_private(tmp_path):
     mine.mkdir(mode=0o755)
     make_private_dir(mine)  # one that exists is left as its owner set it
     assert stat.S_IMODE(mine.stat().st_mode) == 0o755
+
+
+def test_h_w08_a_log_swapped_for_a_link_or_a_fifo_is_not_read(tmp_path):
+    """H-W08: the end of a log, read for a failure's line, from a directory others can write:
+    a link to a file of the user's gives nothing (its secret line was the failure's reason),
+    a FIFO does not hang the run."""
+    from autotune.core.logfile import tail
+    from autotune.script.trial import error_line
+
+    secret = tmp_path / "secret"
+    secret.write_text("error: the user's secret\n")
+    (tmp_path / "script.log").symlink_to(secret)
+    assert tail(tmp_path / "script.log", 1000) == b""
+    assert error_line(tmp_path / "script.log") == ""
+    os.mkfifo(tmp_path / "fifo.log")
+    assert tail(tmp_path / "fifo.log", 1000) == b""  # at once: no writer is waited for

@@ -109,3 +109,23 @@ def test_the_rest_of_the_step_is_data_and_the_phases_are_medians_of_the_measured
     assert record["ddp"]["data"] == pytest.approx(0.25)  # 0.6 - 0.1 - 0.2 - 0.05
     ev = Evidence.from_probe(record, device="cpu", noise=0.05)
     assert ev.bound == "data"
+
+
+def test_h_s24_phases_that_do_not_fit_the_step_are_no_breakdown():
+    """H-S24."""
+    from autotune.core.errors import TrialFailed
+
+    got = {"f": 0.05, "b": 0.1, "x": 2.0, "o": 0.08, "g": GRAD_BYTES, "k": 3, "z": 1.0}
+    with pytest.raises(TrialFailed, match="do not fit in its measured step"):
+        record_of(got, SLOW_LINK, result(128 / 1.75), config(), world_size=2)
+
+
+def test_h_s23_no_ray_variable_of_the_driver_reaches_a_nodes_command(monkeypatch):
+    """H-S23."""
+    import ray
+
+    from autotune.script.nodes import _node_env
+
+    monkeypatch.setattr(ray, "get_gpu_ids", lambda: [])
+    env = _node_env({"RAY_AUTH_TOKEN": "secret", "RAY_TMPDIR": "/tmp/x", "PATH": "/bin"})
+    assert env.get("PATH") == "/bin" and not [k for k in env if k.startswith("RAY_")]
