@@ -279,7 +279,8 @@ def summary_table(study: Any, *, top: int = 5) -> Table:
             number(t.values[0]),
             f"{_speedup(t):.2f}x",
             *memory,
-            changed_settings(t.params, reference),
+            # a Text, escaped: a stored setting is not rich markup, and holds no escape
+            Text(terminal_safe(changed_settings(t.params, reference))),
         )
     return table
 
