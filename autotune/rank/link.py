@@ -16,6 +16,8 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 
+from autotune.rank.session import listening_store
+
 __all__ = ["sweep"]
 
 #: How long the ranks may take to find each other.
@@ -41,9 +43,11 @@ def sweep(
     if backend == "nccl":
         device = torch.device("cuda", 0)  # the one GPU Ray shows this process
         torch.cuda.set_device(device)
-    store = dist.TCPStore(
-        addr, port, world_size, rank == 0, timeout=timedelta(seconds=JOIN_TIMEOUT_S)
-    )
+    timeout = timedelta(seconds=JOIN_TIMEOUT_S)
+    if rank == 0:  # listening on the first node's address only, not every interface
+        store = listening_store(addr, port, timeout)
+    else:
+        store = dist.TCPStore(addr, port, world_size, False, timeout=timeout)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
     try:
         out = []
