@@ -134,6 +134,17 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
     runners: list[TrialRunner] = []
     try:
         target, runners, hw, plan = _place(d, workload)
+        files = None
+        if isinstance(workload, ScriptJob):  # where the nodes find the job's files
+            files = check_files(runners[0], workload.command, os.getcwd())
+            if not files.shared:  # Ray ships a directory for a whole job: join again with it
+                for r in runners:
+                    r.close()
+                runners = []
+                close()
+                conn, close = _connect(req, working_dir=files.cwd)
+                target, runners, hw, plan = _place(d, workload)
+            emit(Note(files.describe(workload.nodes)))
         # 3. The space this study searches.
         resolved = space.resolve(target)
         job = workload.name if isinstance(workload, ScriptJob) else d.trainer.replace(":", ".")
@@ -153,9 +164,7 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
                 )
             )
         measure = RayMeasurer(study=study, runners=runners, definition=d, target=target)
-        if isinstance(workload, ScriptJob):
-            measure.files = check_files(runners[0], workload.command, os.getcwd())
-            emit(Note(measure.files.describe(workload.nodes)))
+        measure.files = files
         run = assemble(
             study=study,
             space=resolved,
@@ -200,7 +209,9 @@ def make_private_dir(path: Path) -> None:
         os.chmod(path, 0o700)  # whatever the umask
 
 
-def _connect(req: RunRequest) -> tuple[RayConnection, Callable[[], None]]:
+def _connect(
+    req: RunRequest, working_dir: str | None = None
+) -> tuple[RayConnection, Callable[[], None]]:
     """Ray (started or joined) and how to close it. For the CLI on a thread of its own, SIGTERM
     and Ctrl-C held until it is up (``Kept``): ray.init's own handler exited from inside the core
     worker's constructor, leaving a core worker ray.shutdown does not know (SIGSEGV at exit)."""
@@ -208,16 +219,18 @@ def _connect(req: RunRequest) -> tuple[RayConnection, Callable[[], None]]:
     d = req.definition
     cwd = os.getcwd() if ":" in d.trainer and not d.command else None
     if not req.sigterm:
-        conn = connect(req.address, trainer_dir=cwd)
+        conn = connect(req.address, trainer_dir=cwd, working_dir=working_dir)
         return conn, conn.close
-    kept = Kept(lambda: _connect_quietly(req.address, cwd), RayConnection.close, "ray")
+    kept = Kept(lambda: _connect_quietly(req.address, cwd, working_dir), RayConnection.close, "ray")
     return kept.value, kept.close
 
 
-def _connect_quietly(address: str | None, cwd: str | None) -> RayConnection:
+def _connect_quietly(
+    address: str | None, cwd: str | None, working_dir: str | None = None
+) -> RayConnection:
     """``connect``, without Ray's warning that off the main thread it set no SIGTERM handler."""
     with ray_off_main_thread_quiet():
-        return connect(address, trainer_dir=cwd)
+        return connect(address, trainer_dir=cwd, working_dir=working_dir)
 
 
 def _hold_sigterm(req: RunRequest) -> None:

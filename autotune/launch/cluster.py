@@ -56,6 +56,8 @@ __all__ = ["RankPlan", "RayConnection", "connect", "plan_ranks", "rank_plan"]
 _SOCKET_TAIL = "/ray/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store"
 _UNIX_PATH_MAX = 107
 _TEMP_PREFIX = "autotune-ray-"
+#: What a shipped working directory leaves out.
+SHIP_EXCLUDES = (".git", "__pycache__", ".venv")
 #: The variables a local instance started here runs with; restored when it closes.
 _PRIVATE_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_TMPDIR")
 
@@ -150,13 +152,17 @@ class RayConnection:
             ray.shutdown()
 
 
-def connect(address: str | None, *, trainer_dir: str | None = None) -> RayConnection:
+def connect(
+    address: str | None, *, trainer_dir: str | None = None, working_dir: str | None = None
+) -> RayConnection:
     """Start a local Ray instance, or join the cluster at ``address`` (``auto``, HOST:PORT).
 
     A local instance is given ``trainer_dir`` (``TRAINER_DIR_ENV``), the directory of a
     ``--trainer module:function`` of the user's: its ranks append it to ``sys.path`` when they
     import the trainer (``rank.workload``), last, and nothing else of it is on their path (a
     file there named as a module of Python's or a ``sitecustomize.py`` is never imported).
+    ``working_dir``: a directory every worker of this job runs in, shipped by Ray's runtime
+    environment (script mode on nodes that do not see its files: ``script.nodes``).
     """
     import ray
 
@@ -168,7 +174,7 @@ def connect(address: str | None, *, trainer_dir: str | None = None) -> RayConnec
     # local instance) is joined with this node's IP as 127.0.0.1 too: Ray looks for the node's
     # raylet at the driver's node IP.
     loopback = address is None or addr.is_loopback(addr.check_reachable(address, from_env))
-    kwargs = _init_kwargs(address, trainer_dir)
+    kwargs = _init_kwargs(address, trainer_dir, working_dir)
     if address == "auto":
         addr.check_auto_owner(from_env)
         addr.auth_as_ray_would()
@@ -194,9 +200,13 @@ def connect(address: str | None, *, trainer_dir: str | None = None) -> RayConnec
     )
 
 
-def _init_kwargs(address: str | None, trainer_dir: str | None) -> dict[str, Any]:
+def _init_kwargs(
+    address: str | None, trainer_dir: str | None, working_dir: str | None = None
+) -> dict[str, Any]:
     """``ray.init``'s arguments: quiet, and for a local instance no dashboard and the
-    ``trainer_dir`` in its workers' environment (``TRAINER_DIR_ENV``)."""
+    ``trainer_dir`` in its workers' environment (``TRAINER_DIR_ENV``); with ``working_dir``,
+    that directory shipped to the job's workers (Ray takes a local directory at the job level
+    only, not per task)."""
     env_vars: dict[str, str] = {}
     if address is None and trainer_dir:
         env_vars[TRAINER_DIR_ENV] = trainer_dir
@@ -205,8 +215,11 @@ def _init_kwargs(address: str | None, trainer_dir: str | None) -> dict[str, Any]
         log_to_driver=False,
         configure_logging=True,
     )
-    if env_vars:
-        kwargs["runtime_env"] = {"env_vars": env_vars}
+    runtime_env: dict[str, Any] = {"env_vars": env_vars} if env_vars else {}
+    if working_dir:
+        runtime_env.update(working_dir=working_dir, excludes=list(SHIP_EXCLUDES))
+    if runtime_env:
+        kwargs["runtime_env"] = runtime_env
     if address is None:
         kwargs["include_dashboard"] = False
     return kwargs

@@ -355,19 +355,29 @@ def _on_cluster(plan: Plan, say: Callable[[str], None]) -> Any:
     from autotune.launch.launcher import TrialRunner
     from autotune.script.nodes import check_files, run_on_nodes
 
-    conn = connect(plan.address)
-    runner = None
-    try:
-        placement = "strict_spread" if plan.nodes > 1 else "strict_pack"
+    placement = "strict_spread" if plan.nodes > 1 else "strict_pack"
+
+    def place() -> TrialRunner:
         ranks = plan_ranks(plan.world_size, plan.backend, placement)
-        runner = TrialRunner(
+        return TrialRunner(
             world_size=plan.world_size,
             backend=plan.backend,
             strategy=placement,
             cpus_per_rank=ranks.cpus_per_rank,
             ranks_per_bundle=plan.world_size // plan.nodes,
         )
+
+    conn = connect(plan.address)
+    runner = None
+    try:
+        runner = place()
         files = check_files(runner, plan.command, os.getcwd())
+        if not files.shared:  # Ray ships a directory for a whole job: join again with it
+            runner.close()
+            runner = None
+            conn.close()
+            conn = connect(plan.address, working_dir=files.cwd)
+            runner = place()
         say(files.describe(plan.nodes))
 
         def run_once(config: Any, log_dir: Path | None, env: dict[str, str] | None) -> Any:

@@ -30,7 +30,8 @@ directory where ``autotune run`` was typed holds the same files there (a fingerp
 entries and of the script; nothing is written): where they do, as on one machine or a shared
 file system, each node runs the command in that directory. Where they do not, the directory
 travels with Ray's runtime environment (``working_dir``, at most ``SHIP_LIMIT_BYTES``; past it,
-a one-line error before the first trial) and each node runs the command in its copy.
+a one-line error before the first trial): the driver joins the cluster again with it, as Ray
+takes a local directory for a whole job only, and each node runs the command in its copy.
 ``AUTOTUNE_SCRIPT_FILES=ship`` ships it always, ``shared`` never.
 
 **The logs.** A node on the driver's machine writes its log under the trial's log directory as
@@ -59,6 +60,7 @@ from autotune.core import logfile
 from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.errors import ConfigError, FailureReason, TrialFailed
 from autotune.core.stats import Interval
+from autotune.launch.cluster import SHIP_EXCLUDES
 from autotune.launch.failures import classify, first_line, gone_away
 from autotune.launch.launcher import NODE_DEATH_WAIT_S, TASK_GRACE_S, TrialRunner
 from autotune.launch.results import TrialResult
@@ -72,8 +74,6 @@ __all__ += ["run_on_nodes"]
 
 #: The most a directory shipped to the nodes by Ray's runtime environment may hold.
 SHIP_LIMIT_BYTES = 100 << 20
-#: What a shipped directory leaves out.
-SHIP_EXCLUDES = (".git", "__pycache__", ".venv")
 #: Variables each node keeps from its own environment rather than the driver's.
 NODE_LOCAL = (
     "CUDA_VISIBLE_DEVICES",
@@ -97,18 +97,14 @@ FOLLOWERS_WAIT_S = script_guard.GRACE_S + script_guard.KILL_S + 5
 @dataclass(frozen=True)
 class Files:
     """Where each node finds the job's files: ``shared`` (the directory ``cwd`` holds the same
-    files on every node) or shipped with Ray's runtime environment (``runtime_env``)."""
+    files on every node) or shipped with Ray's runtime environment: Ray takes a local directory
+    for the whole job only (``ray.init``'s ``working_dir``), so the caller joins the cluster
+    again with it (``launch.cluster.connect``), and each task runs in its copy."""
 
     cwd: str
     shared: bool
     size: int = 0
     """Bytes shipped (0 when shared)."""
-
-    @property
-    def runtime_env(self) -> dict[str, Any] | None:
-        if self.shared:
-            return None
-        return {"working_dir": self.cwd, "excludes": list(SHIP_EXCLUDES)}
 
     def describe(self, nodes: int) -> str:
         """The run's line saying which applies."""
@@ -409,7 +405,6 @@ def run_on_nodes(
         return runner.start_task(
             run_node,
             i,
-            runtime_env=files.runtime_env,
             node=i,
             command=cmd,
             leader=leader,
