@@ -148,18 +148,19 @@ def gcs_owners(proc: Path = Path("/proc")) -> set[int]:
 
 def check_auto_owner(from_env: bool, proc: Path = Path("/proc")) -> None:
     """``auto`` joins a cluster of this user's only: Ray's ``auto`` joins whichever cluster
-    runs on the machine, and the driver then unpickles what that cluster's workers return.
-    Raises ``ConfigError`` naming the owner when every cluster here is another user's."""
-    owners = gcs_owners(proc)
-    me = os.geteuid()
-    if owners and me not in owners:
-        uid = min(owners)
+    runs on the machine (the newest, where several do), and the driver then unpickles what
+    that cluster's workers return. Raises ``ConfigError`` naming the owner when another
+    user's cluster runs here, alone or beside one of this user's: ``auto`` cannot be told
+    which it joins then, and the user's own cluster is joined by its address."""
+    others = gcs_owners(proc) - {os.geteuid()}
+    if others:
+        uid = min(others)
         try:
             name = pwd.getpwuid(uid).pw_name
         except KeyError:
             name = f"uid {uid}"
         raise ConfigError(
-            f"{flag_of('auto', from_env)}: the Ray cluster running here belongs to {name} "
-            f"(uid {uid}), not to you; start your own (ray start --head) and join it, or "
-            f"{leave_hint(from_env)} for a local instance of your own"
+            f"{flag_of('auto', from_env)}: a Ray cluster running here belongs to {name} "
+            f"(uid {uid}), not to you, and auto may join it; give your own cluster's address "
+            f"(HOST:PORT of its head), or {leave_hint(from_env)} for a local instance of your own"
         )

@@ -32,7 +32,7 @@ def test_h_r13_auto_refuses_another_users_cluster_naming_the_owner(tmp_path):
     assert gcs_owners(proc) == {other}
     with pytest.raises(
         ConfigError,
-        match=rf"--address auto: the Ray cluster running here "
+        match=rf"--address auto: a Ray cluster running here "
         rf"belongs to .*\(uid {other}\), not to you",
     ):
         check_auto_owner(False, proc)
@@ -42,8 +42,11 @@ def test_h_r13_auto_refuses_another_users_cluster_naming_the_owner(tmp_path):
 
 def test_auto_joins_the_users_own_cluster_and_says_nothing_without_one(tmp_path):
     me = os.geteuid()
-    mine = fake_proc(tmp_path / "a", [(12, "/x/gcs_server", me), (13, "/x/gcs_server", me + 1)])
-    check_auto_owner(False, mine)  # one of the user's own is there: Ray picks (or refuses)
+    mine = fake_proc(tmp_path / "a", [(12, "/x/gcs_server", me)])
+    check_auto_owner(False, mine)  # the user's own alone: joined
+    both = fake_proc(tmp_path / "c", [(14, "/x/gcs_server", me), (15, "/x/gcs_server", me + 1)])
+    with pytest.raises(ConfigError, match="auto may join it; give your own cluster's address"):
+        check_auto_owner(False, both)  # Ray's auto joins the newest: maybe the other's
     (tmp_path / "b").mkdir()
     check_auto_owner(False, tmp_path / "b")  # none: Ray says so itself
     assert gcs_owners(tmp_path / "b") == set()
