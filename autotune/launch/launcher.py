@@ -37,7 +37,7 @@ from autotune.launch.hardware import describe
 from autotune.launch.pool import RankPool
 from autotune.launch.results import TrialResult
 
-__all__ = ["TrialRunner", "local_ranks"]
+__all__ = ["TrialRunner", "first_dead", "local_ranks"]
 
 T = TypeVar("T")
 
@@ -64,6 +64,22 @@ def local_ranks(nodes: dict[int, str], world_size: int) -> list[tuple[int, int]]
         for i, rank in enumerate(ranks):
             out[rank] = (i, len(ranks))
     return out
+
+
+def first_dead(nodes: dict[int, str], wait_s: float = NODE_DEATH_WAIT_S) -> int | None:
+    """The first key of ``nodes`` (rank or bundle -> node id) whose node the cluster reports
+    dead within ``wait_s`` (Ray takes a few seconds to declare a node dead), else None."""
+    import ray
+
+    until = time.monotonic() + wait_s
+    while True:
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        lost = sorted(key for key, node in nodes.items() if node not in alive)
+        if lost:
+            return lost[0]
+        if time.monotonic() >= until:
+            return None
+        time.sleep(0.5)
 
 
 class TrialRunner:
@@ -338,19 +354,14 @@ class TrialRunner:
             # a rank's own error: the configuration's failure, not the cluster's; or the run
             # killed the ranks itself (the trial is recorded interrupted)
             return first
-        until = time.monotonic() + NODE_DEATH_WAIT_S
-        while True:
-            alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-            lost = sorted(rank for rank, node in nodes.items() if node not in alive)
-            if lost:
-                return TrialFailed(
-                    FailureReason.NODE_LOST,
-                    f"rank {lost[0]}: its node was lost (the cluster reports node "
-                    f"{nodes[lost[0]][:12]} dead; first error: {first.detail})",
-                )
-            if time.monotonic() >= until:
-                return first
-            time.sleep(0.5)
+        lost = first_dead(nodes)
+        if lost is None:
+            return first
+        return TrialFailed(
+            FailureReason.NODE_LOST,
+            f"rank {lost}: its node was lost (the cluster reports node "
+            f"{nodes[lost][:12]} dead; first error: {first.detail})",
+        )
 
     def _bundle_nodes(self) -> dict[int, str]:
         """Rank -> the id of the node its bundle is placed on."""

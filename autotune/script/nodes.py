@@ -62,7 +62,7 @@ from autotune.core.errors import ConfigError, FailureReason, TrialFailed
 from autotune.core.stats import Interval
 from autotune.launch.cluster import SHIP_EXCLUDES
 from autotune.launch.failures import classify, first_line, gone_away
-from autotune.launch.launcher import NODE_DEATH_WAIT_S, TASK_GRACE_S, TrialRunner
+from autotune.launch.launcher import TASK_GRACE_S, TrialRunner, first_dead
 from autotune.launch.results import TrialResult
 from autotune.script import guard as script_guard
 from autotune.script import trial as script_trial
@@ -531,21 +531,13 @@ def _save_logs(t: _Trial, log_dir: Path, nodes: int) -> None:
 def _node_lost(t: _Trial) -> TrialFailed | None:
     """``node_lost`` when the cluster reports a node of the trial dead (it may take a few
     seconds to declare it), else None."""
-    import ray
-
-    until = time.monotonic() + NODE_DEATH_WAIT_S
-    while True:
-        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-        lost = sorted(i for i, node in t.nodes.items() if node not in alive)
-        if lost:
-            return TrialFailed(
-                FailureReason.NODE_LOST,
-                f"node {lost[0]}: its node was lost (the cluster reports node "
-                f"{t.nodes[lost[0]][:12]} dead)",
-            )
-        if time.monotonic() >= until:
-            return None
-        time.sleep(0.5)
+    lost = first_dead(t.nodes)
+    if lost is None:
+        return None
+    return TrialFailed(
+        FailureReason.NODE_LOST,
+        f"node {lost}: its node was lost (the cluster reports node {t.nodes[lost][:12]} dead)",
+    )
 
 
 def _cause(t: _Trial) -> TrialFailed:
