@@ -142,14 +142,19 @@ def study(finished_run):
 
 
 @pytest.fixture(scope="module")
-def study_page(dashboard, finished_run, study):
-    """The address printed: the study's page, by the study's id in the run's storage."""
+def study_page(dashboard, finished_run, study, browser):
+    """The address printed: the study's page, by the study's id in the run's storage, with the
+    dashboard's token (``autotune.cli.dashboard``), which the first visit trades for a cookie.
+    ``url`` is the page's address without it, as the browser then shows it."""
     m = PRINTED.fullmatch(dashboard["line"])
     assert m, dashboard["line"]
     assert m[1] == finished_run["url"]
     study_id = optuna.storages.get_storage(finished_run["url"]).get_study_id_from_name(STUDY)
-    assert m[2] == f"http://127.0.0.1:{dashboard['port']}/dashboard/studies/{study_id}"
-    return {"url": m[2], "id": study_id}
+    page = f"http://127.0.0.1:{dashboard['port']}/dashboard/studies/{study_id}"
+    assert re.fullmatch(re.escape(page) + r"\?token=[A-Za-z0-9_-]{32}", m[2]), m[2]
+    browser.get(m[2])  # the printed address: its token traded for the cookie
+    assert browser.current_url == page  # and gone from the address bar
+    return {"url": page, "printed": m[2], "id": study_id}
 
 
 def wait_for(driver, xpath: str, what: str):
