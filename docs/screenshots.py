@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -168,6 +169,8 @@ def main() -> int:
             while True:
                 try:
                     urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5)
+                    break
+                except urllib.error.HTTPError:  # it answers: 403 without the printed token
                     break
                 except OSError:
                     if time.monotonic() > deadline:

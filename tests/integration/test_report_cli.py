@@ -81,7 +81,7 @@ def test_dashboard_prints_the_address_of_the_study_page(finished_run):
         server.wait(timeout=30)
     storage = optuna.storages.get_storage(finished_run["url"])
     study_id = storage.get_study_id_from_name(STUDY)
-    assert f"at http://127.0.0.1:{port}/dashboard/studies/{study_id} " in line
+    assert f"at http://127.0.0.1:{port}/dashboard/studies/{study_id}?token=" in line
 
 
 def run_on_a_terminal(cmd, env, timeout=300) -> str:

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -172,16 +173,24 @@ def test_autotune_dashboard_serves_the_study(tmp_path, run_env):
         text=True,
     )
     try:
-        assert f"http://127.0.0.1:{port}/" in server.stdout.readline()
+        line = server.stdout.readline()
+        assert f"http://127.0.0.1:{port}/" in line
+        printed = line.split(" at ", 1)[1].split()[0]  # with the dashboard's token
+        # a browser: the printed address sets the cookie the API then needs
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
         names = None
         for _ in range(60):
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5) as r:
+                browser.open(printed, timeout=5).close()
+                with browser.open(f"http://127.0.0.1:{port}/api/studies", timeout=5) as r:
                     names = [s["study_name"] for s in json.load(r)["study_summaries"]]
                 break
             except OSError:
                 time.sleep(0.5)
         assert names == ["seen-by-the-dashboard"]
+        with pytest.raises(urllib.error.HTTPError) as e:  # no token, no cookie: refused
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5)
+        assert e.value.code == 403
     finally:
         server.terminate()
         server.wait(timeout=30)
