@@ -186,3 +186,19 @@ def test_the_lab_record_is_read_only_from_the_private_directory(tmp_path, monkey
 def test_rays_world_writable_temp_dir_is_inside_the_private_one():
     assert netlab.RAY_TEMP_DIR.parent == netlab.TEMP_DIR
     assert netlab.RECORD.parent == netlab.TEMP_DIR
+
+
+def test_h_l01_a_failed_lab_step_shows_the_line_that_says_what_failed():
+    """H-L01: ``ray start`` prints its error on stderr and a harmless "Local node IP" line last
+    on stdout; the one-line error took the stdout line."""
+    from autotune.netlab import failure_line
+
+    stderr = (
+        "2026-11-27 10:45:49,882 INFO scripts.py:1043 -- Local node IP: 10.213.0.1\n"
+        "RuntimeError: Token authentication is enabled but no authentication token was found\n"
+        "  (set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH)\n"
+    )
+    stdout = "Local node IP: 10.213.0.1\n"
+    assert failure_line(stderr, stdout).startswith("RuntimeError: Token authentication")
+    assert failure_line("", stdout) == "Local node IP: 10.213.0.1"  # nothing better said
+    assert failure_line("", "") == ""
