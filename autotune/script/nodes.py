@@ -544,6 +544,9 @@ def _cause(t: _Trial) -> TrialFailed:
     """The failure to record (module doc): a lost node first; a follower's own error over
     the leader's when the leader's ranks only lost a peer; else the leader's."""
     fs = t.failures
+    if not fs:  # the leader's task gave no answer, even killed: nothing else to go by
+        why = "interrupted" if t.runner.aborted else "crash"
+        return TrialFailed(FailureReason(why), "node 0: its task gave no answer")
     if any(f.reason == FailureReason.NODE_LOST for f in fs.values()):
         return next(f for f in fs.values() if f.reason == FailureReason.NODE_LOST)
     if t.runner.aborted:

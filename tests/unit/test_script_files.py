@@ -50,3 +50,29 @@ def test_h_s22_a_link_out_of_a_shipped_directory_is_refused(tmp_path):
     (a / "k").symlink_to("/etc/passwd")
     with pytest.raises(ConfigError, match="is a link out of"):
         directory_size(str(a), 1 << 20)
+
+
+def test_the_failure_recorded_for_a_multi_node_trial():
+    """Which node's failure a script trial records (``script.nodes._cause``): a lost node
+    first; a follower's own error over a leader that was cancelled for it; the leader's own
+    error over a follower that only lost its peer; a leader that never answered says so."""
+    from autotune.core.errors import FailureReason, TrialFailed
+    from autotune.script.nodes import _cause, _Trial
+
+    class Runner:
+        aborted = False
+
+    def trial(**failures):
+        t = _Trial(Runner(), {}, {})
+        t.failures = {int(k[1:]): v for k, v in failures.items()}
+        return t
+
+    crash = FailureReason.CRASH
+    own = TrialFailed(crash, "node 1: the command exited with status 1: train.py: error: x")
+    cancelled = TrialFailed(FailureReason.INTERRUPTED, "stopped by the driver")
+    lost = TrialFailed(FailureReason.NODE_LOST, "node 1: its node was lost (...)")
+    leader_own = TrialFailed(FailureReason.OOM, "rank 0: peak memory 900 MiB is over ...")
+    assert _cause(trial(n0=cancelled, n1=own)) is own
+    assert _cause(trial(n0=TrialFailed(crash, "connection reset by peer"), n1=lost)) is lost
+    assert _cause(trial(n0=leader_own, n1=own)) is leader_own  # not a crash: the leader's
+    assert _cause(trial()).detail == "node 0: its task gave no answer"
