@@ -28,7 +28,14 @@ def learned_reasons() -> frozenset[str]:
 
 
 #: What a surviving rank says when its peer's process or node is gone (gloo, Ray).
-PEER_LOSS = ("connection closed by peer", "connection reset", "broken pipe", "socket closed")
+PEER_LOSS = (
+    "connection closed by peer",
+    "connection reset",
+    "broken pipe",
+    "socket closed",
+    # torch's TCPStore client when the store's host is gone (seen when a lab node was killed)
+    "connection was likely closed",
+)
 
 
 def first_line(text: str) -> str:

@@ -16,6 +16,11 @@ GLOO_PEER_CLOSED = (
     "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] "
     "Connection closed by peer [10.213.0.2]:41937"
 )
+#: torch's store client, on the surviving node, when the node holding the store was killed.
+STORE_GONE = (
+    "Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server shutdown "
+    "or crash?"
+)
 GLOO_RESET = (
     "[../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection reset by peer "
     "[127.0.0.1]:29500"
@@ -118,6 +123,7 @@ def test_a_peer_that_went_away_is_told_from_a_ranks_own_error():
     # the lost-node diagnosis only asks the cluster when every error is of this kind
     assert gone_away(classify(0, task_error(RuntimeError(GLOO_PEER_CLOSED))))
     assert gone_away(classify(0, task_error(RuntimeError(GLOO_RESET))))
+    assert gone_away(classify(1, task_error(RuntimeError(STORE_GONE))))
     assert gone_away(classify(0, rex.RayActorError(error_msg=RAY_PROCESS_DIED)))
     assert not gone_away(classify(0, task_error(ValueError("bad shape"))))
     assert not gone_away(classify(0, task_error(OutOfMemoryError(CUDA_OOM))))
