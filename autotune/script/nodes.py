@@ -70,7 +70,7 @@ from autotune.script.job import node_command
 from autotune.script.report import PROBE_ENV
 
 __all__ = ["SHIP_LIMIT_BYTES", "Files", "NodeOutcome", "check_files", "free_port", "run_node"]
-__all__ += ["run_on_nodes"]
+__all__ += ["rendezvous", "run_on_nodes"]
 
 #: The most a directory shipped to the nodes by Ray's runtime environment may hold.
 SHIP_LIMIT_BYTES = 100 << 20
@@ -384,7 +384,7 @@ def run_on_nodes(
     nodes = runner.bundles
     addr, port = "", 0
     if nodes > 1:
-        addr, port = _rendezvous(runner)
+        addr, port = rendezvous(runner)
     common: dict[str, Any] = dict(
         log_dir=log_dir,
         driver_node=ray.get_runtime_context().get_node_id(),
@@ -426,7 +426,7 @@ def run_on_nodes(
     return _result(t, time.monotonic() - started, max_memory_mb)
 
 
-def _rendezvous(runner: TrialRunner) -> tuple[str, int]:
+def rendezvous(runner: TrialRunner) -> tuple[str, int]:
     """The first node's address and a free port there (``free_port``, as a task in the first
     bundle); a task that fails or does not answer fails the trial."""
     import ray
@@ -474,22 +474,19 @@ def _take(t: _Trial, ref: Any) -> None:
     except rex.TaskCancelledError:
         t.failures[i] = TrialFailed(FailureReason.INTERRUPTED, "stopped by the driver")
         return
-    except rex.RayTaskError as e:
-        if isinstance(e.cause, TrialFailed):
-            t.failures[i] = e.cause
-            return
-        f = classify(0, e)
-        t.failures[i] = TrialFailed(f.reason, f"node {i}: " + f.detail.removeprefix("rank 0: "))
-        return
     except rex.NodeDiedError as e:
         why = first_line(str(e))
         if i in t.nodes:  # not to be placed on again, though the cluster may not say so yet
             t.runner.lost_nodes.add(t.nodes[i])
         t.failures[i] = TrialFailed(FailureReason.NODE_LOST, f"node {i}: its node was lost ({why})")
         return
-    except rex.RayError as e:  # the task's worker died (or its node, said otherwise)
-        f = classify(0, e)
-        t.failures[i] = TrialFailed(f.reason, f"node {i}: " + f.detail.removeprefix("rank 0: "))
+    except rex.RayError as e:  # the task raised, or its worker died (or its node, said otherwise)
+        if isinstance(e, rex.RayTaskError) and isinstance(e.cause, TrialFailed):
+            t.failures[i] = e.cause
+        else:
+            f = classify(0, e)
+            detail = f"node {i}: " + f.detail.removeprefix("rank 0: ")
+            t.failures[i] = TrialFailed(f.reason, detail)
         return
     t.outcomes[i] = out
     if out.failure is not None:

@@ -32,10 +32,10 @@ from typing import Any
 from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.errors import FailureReason, TrialFailed
 from autotune.launch.failures import first_line
-from autotune.launch.launcher import TASK_GRACE_S, TrialRunner
+from autotune.launch.launcher import TrialRunner
 from autotune.launch.results import TrialResult
 from autotune.rank.link import sweep
-from autotune.script.nodes import Files, free_port, run_on_nodes
+from autotune.script.nodes import Files, rendezvous, run_on_nodes
 
 __all__ = ["FIT_BYTES", "first_measurement", "record_of"]
 
@@ -96,11 +96,7 @@ def link_sweep(runner: TrialRunner, sizes: list[int]) -> list[tuple[int, float]]
     in the same bundles (``rank.link.sweep``)."""
     import ray
 
-    port_task = runner.start_task(free_port, 0)
-    try:
-        addr, port = ray.get(port_task, timeout=TASK_GRACE_S)
-    finally:
-        runner.task_done(port_task)
+    addr, port = rendezvous(runner)
     k = runner.ranks_per_bundle
     tasks = [
         runner.start_task(

@@ -79,6 +79,14 @@ def sent_bytes(ns: str) -> int:
     return int(out.split("Sent ", 1)[1].split()[0])
 
 
+def kill_node(ns: str) -> None:
+    """SIGKILL every process in namespace ``ns``: the whole node, raylet, workers and ranks."""
+    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
+    assert pids.split(), f"no process in the namespace {ns}"
+    for pid in pids.split():
+        os.kill(int(pid), signal.SIGKILL)
+
+
 def test_a_failing_lab_up_tears_down_what_it_built(monkeypatch):
     from autotune import netlab
 
@@ -272,12 +280,7 @@ def test_a_worker_node_killed_mid_trial_fails_the_trial_and_stops_the_run(up_lab
                 break
         # the next trial runs, one rank on the worker node (--placement spread)
         assert wait_for(trial_running(run_env["AUTOTUNE_HOME"], "killed"), 60)
-        pids = subprocess.run(
-            ["ip", "netns", "pids", "atlab-1"], capture_output=True, text=True
-        ).stdout.split()
-        assert pids, "no process in the worker node's namespace"
-        for pid in pids:
-            os.kill(int(pid), signal.SIGKILL)  # the whole node: raylet, workers, ranks
+        kill_node("atlab-1")
         out = p.communicate(timeout=240)[0]
     finally:
         p.kill()

@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 from tests.conftest import autotune_cmd, wait_for
 from tests.integration.conftest import trial_running
 from tests.integration.raycluster import check_run_stopped_by_node_loss
-from tests.integration.test_netlab import WHY_NOT, lab, sent_bytes
+from tests.integration.test_netlab import WHY_NOT, kill_node, lab, sent_bytes
 
 pytestmark = [pytest.mark.integration, pytest.mark.netlab]
 if WHY_NOT:
@@ -297,11 +297,7 @@ def test_a_worker_node_killed_mid_script_trial_fails_it_node_lost(lab2, job, run
                 break
         assert wait_for(trial_running(run_env["AUTOTUNE_HOME"], "killed"), 120)
         assert wait_for(lambda: script_pids("atlab-1"), 60), "no rank on the worker node"
-        pids = subprocess.run(
-            ["ip", "netns", "pids", "atlab-1"], capture_output=True, text=True
-        ).stdout.split()
-        for pid in pids:
-            os.kill(int(pid), signal.SIGKILL)  # the whole node: raylet, workers, the script
+        kill_node("atlab-1")  # the whole node: raylet, workers, the script
         out = p.communicate(timeout=240)[0]
     finally:
         p.kill()
