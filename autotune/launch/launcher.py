@@ -199,6 +199,24 @@ class TrialRunner:
         self._tasks.append(task)
         return task
 
+    def end_tasks(self, tasks: list[Any], *, grace_s: float, force: bool = True) -> list[Any]:
+        """End ``tasks`` (from ``start_task``): each gets ``grace_s`` to finish by itself, and
+        only those still running then are cancelled. Ray's driver can abort when a cancel
+        crosses the reply of a task that is just finishing ("Tried to complete task that was
+        not pending"), so a finished task is never cancelled. The tasks that were cancelled."""
+        import ray
+
+        running = list(tasks)
+        if running:
+            _, running = ray.wait(
+                running, num_returns=len(running), timeout=max(grace_s, 0), fetch_local=False
+            )
+        for task in running:
+            ray.cancel(task, force=force)
+        for task in tasks:
+            self.task_done(task)
+        return running
+
     def task_done(self, task: Any) -> None:
         """``task`` (from ``start_task``) has ended: ``abort`` no longer cancels it."""
         if task in self._tasks:

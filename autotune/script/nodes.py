@@ -435,11 +435,10 @@ def rendezvous(runner: TrialRunner) -> tuple[str, int]:
     try:
         return ray.get(task, timeout=TASK_GRACE_S)
     except ray.exceptions.RayError as e:
-        ray.cancel(task, force=True)
         f = classify(0, e)
         raise TrialFailed(f.reason, "the rendezvous on node 0: " + first_line(f.detail)) from None
     finally:
-        runner.task_done(task)
+        runner.end_tasks([task], grace_s=0)
 
 
 def _wait(t: _Trial, first: Any, deadline: float, timeout_s: float) -> None:
@@ -455,10 +454,9 @@ def _wait(t: _Trial, first: Any, deadline: float, timeout_s: float) -> None:
         _take(t, done[0])
         i = t.refs[done[0]]
         if i != 0 and i in t.failures:  # a follower's command ended first: the trial is over
-            if ray.wait([first], timeout=LEADER_GRACE_S, fetch_local=False)[0]:
-                _take(t, first)  # unless the leader was just ending its measured command
-            else:
-                ray.cancel(first)
+            # unless the leader was just ending its measured command
+            if not t.runner.end_tasks([first], grace_s=LEADER_GRACE_S, force=False):
+                _take(t, first)
             break
 
 
@@ -503,8 +501,9 @@ def _finish(t: _Trial) -> None:
         if not pending:
             return
         if force or (0 not in t.outcomes and 0 not in t.failures):  # the leader has no answer
-            for ref in pending:
-                ray.cancel(ref, force=force)
+            for ref in pending:  # only the tasks still running (``TrialRunner.end_tasks``)
+                if not ray.wait([ref], timeout=0, fetch_local=False)[0]:
+                    ray.cancel(ref, force=force)
         done, pending = ray.wait(pending, num_returns=len(pending), timeout=FOLLOWERS_WAIT_S)
         for ref in done:
             _take(t, ref)

@@ -46,6 +46,8 @@ FIT_BYTES = (1 << 10, 1 << 17, 1 << 22)
 FIT_MAX_BYTES = 1 << 25
 #: All-reduces of each size, after one unmeasured.
 FIT_REPEATS = 3
+#: How long the other ranks' sweeps get to end after rank 0's has answered.
+SWEEP_END_S = 10.0
 
 
 def first_measurement(
@@ -118,10 +120,8 @@ def link_sweep(runner: TrialRunner, sizes: list[int]) -> list[tuple[int, float]]
     except ray.exceptions.RayError as e:
         why = first_line(str(e))
         raise TrialFailed(FailureReason.CRASH, f"the link's all-reduces failed: {why}") from None
-    finally:
-        for t in tasks:
-            ray.cancel(t, force=True)
-            runner.task_done(t)
+    finally:  # every rank does the same all-reduces: the others end with rank 0
+        runner.end_tasks(tasks, grace_s=SWEEP_END_S)
 
 
 def record_of(

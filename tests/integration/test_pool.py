@@ -118,3 +118,29 @@ def test_no_dataloader_worker_outlives_a_trial_in_a_reused_process(runner, tmp_p
     assert [p for p in workers if alive(p)] == []
     assert [c for p in ranks for c in children(p)] == []
     assert pids(run(runner)) == ranks  # and the processes go on serving
+
+
+def _answer() -> int:
+    return 1
+
+
+def _hang() -> int:
+    import time
+
+    time.sleep(300)
+    return 0
+
+
+def test_ending_tasks_cancels_only_those_still_running(runner):
+    """A cancel that crosses a finishing task's reply can abort Ray's driver, so a task that
+    finished within the grace is never cancelled: its answer stays readable."""
+    import ray
+
+    done = runner.start_task(_answer, 0)
+    hung = runner.start_task(_hang, 1)
+    assert ray.get(done, timeout=60) == 1
+    assert runner.end_tasks([done, hung], grace_s=1) == [hung]
+    assert ray.get(done) == 1
+    with pytest.raises(ray.exceptions.RayError):
+        ray.get(hung, timeout=60)
+    assert runner.end_tasks([], grace_s=1) == []

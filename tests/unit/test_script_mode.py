@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -252,7 +252,7 @@ def test_script_mode_refuses_what_it_cannot_run_with_the_fix(cmd, settings, says
     ],
 )
 def test_nodes_and_world_size_come_from_torchrun_or_nodes(cmd, settings, nodes, world):
-    which = shutil.which("torchrun") or sys.executable
+    which = str(Path(sys.executable).with_name("torchrun"))  # the installed one, PATH or not
     cmd = [which if w == "torchrun" else w for w in cmd]
     d, job = script_job(definition(cmd, global_batch=12, **settings))
     assert (job.nodes, job.world_size, d.nodes, d.world_size) == (nodes, world, nodes, world)
