@@ -155,7 +155,8 @@ class MeasureSettings:
     Warm-up runs until the slowest rank's step time settles; then timed windows of about
     ``window_s`` each until the 95 % interval of their median is within
     ``target_rel_half_width`` of it, or ``max_windows``. From ``prune_after`` windows on, a
-    trial whose interval lies wholly below the incumbent's is stopped (PRUNED).
+    trial whose interval lies wholly below the incumbent's is stopped (PRUNED), and so is one
+    whose warm-up steps run ``hopeless_factor`` times below it.
     """
 
     min_warmup_steps: int = 2
@@ -181,6 +182,9 @@ class MeasureSettings:
     """Stop once the interval's half-width is at most this fraction of the median."""
     prune_after: int = 2
     """Windows measured before a trial may be pruned."""
+    hopeless_factor: float = 4.0
+    """A trial whose warm-up steps run this many times below the incumbent is pruned then,
+    before any window (a bf16 step emulated on a CPU ran 20x below fp32's)."""
     rerun_windows: int = 3
     """Windows of each re-measurement run (re-validation, ablation): a fixed number, no stop
     or prune rule."""
@@ -259,4 +263,4 @@ class MeasureSettings:
     def prune_rule(self) -> Any:
         from autotune.core.stats import PruneRule
 
-        return PruneRule(min_windows=self.prune_after)
+        return PruneRule(min_windows=self.prune_after, hopeless_factor=self.hopeless_factor)

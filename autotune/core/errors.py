@@ -65,6 +65,9 @@ class FailureReason(str, Enum):
     """Ctrl-C, or the driver running the trial died."""
     CLUSTER_LOST = "cluster_lost"
     """The cluster has no room for the trial's ranks any more."""
+    KNOWN_FAILING = "known_failing"
+    """Not run: one of its values failed in every earlier trial with it
+    (``search.failing``)."""
 
     def __str__(self) -> str:
         return self.value
@@ -84,6 +87,7 @@ _LEARNED = frozenset(
         FailureReason.NAN,
         FailureReason.ILLEGAL,
         FailureReason.NUMERICS_DRIFT,
+        FailureReason.KNOWN_FAILING,
     }
 )
 

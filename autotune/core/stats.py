@@ -30,6 +30,8 @@ Rules (``n`` = number of windows, ``conf`` = confidence, 0.95 by default):
   when it is an ``Interval``: the two intervals must not overlap, so noise alone rarely prunes.
   With two windows the t-interval (t = 12.7 at 95 %) is wide on purpose: only gross losers go.
   Pass the incumbent as an ``Interval``; a bare number ignores the incumbent's own noise.
+  ``PruneRule.hopeless`` acts earlier, in warm-up: steps running ``hopeless_factor`` times or
+  more below the incumbent end the trial (stop ``hopeless``) before any window is timed.
 - Speedup, ``speedup_ci``: the ratio is estimated on log ratios. Interleaved measurements are
   paired by index (``candidate[i]`` with ``baseline[i]``, same round) so drift common to both
   (thermal, other tenants) cancels: t-interval of the mean log ratio, exponentiated; the point
@@ -251,10 +253,11 @@ class PruneRule:
     min_windows: int = 2
     margin: float = 0.0
     confidence: float = 0.95
+    hopeless_factor: float = 4.0
 
     def __post_init__(self) -> None:
         _check_confidence(self.confidence)
-        if self.min_windows < 2 or not 0 <= self.margin < 1:
+        if self.min_windows < 2 or not 0 <= self.margin < 1 or not self.hopeless_factor > 1:
             raise ValueError(f"invalid {self}")
 
     def should_prune(
@@ -268,6 +271,29 @@ class PruneRule:
             return False
         trial = median_ci(window_throughputs, self.confidence)
         return trial.high < bar * (1 - self.margin)
+
+    def hopeless(
+        self, step_rates: Sequence[float], incumbent: Interval | float | None
+    ) -> float | None:
+        """During warm-up: how many times slower than the incumbent's low bound the last
+        ``HOPELESS_LAST`` steps ran (median samples/s a step), once at least
+        ``HOPELESS_STEPS`` steps ran and when that is ``hopeless_factor`` or more; else None.
+        Such a trial cannot come near the incumbent whatever its windows would say (a bf16
+        step emulated on a CPU ran 20x slower), and waiting for its warm-up to settle spent
+        whole trial timeouts. The first steps (compilation, cuDNN's search, the allocator)
+        are never judged alone."""
+        if incumbent is None or len(step_rates) < HOPELESS_STEPS:
+            return None
+        bar = incumbent.low if isinstance(incumbent, Interval) else float(incumbent)
+        rate = float(np.median(step_rates[-HOPELESS_LAST:]))
+        if not math.isfinite(bar) or bar <= 0 or rate <= 0:
+            return None
+        return bar / rate if bar / rate >= self.hopeless_factor else None
+
+
+#: Warm-up steps before that is judged, and the last steps it is judged on.
+HOPELESS_STEPS = 6
+HOPELESS_LAST = 3
 
 
 def _exp_interval(center: float, hw: float, n: int) -> Interval:

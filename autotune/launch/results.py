@@ -43,7 +43,7 @@ class TrialResult:
 
     @property
     def pruned(self) -> bool:
-        return self.ranks[0].stop == "pruned"
+        return self.ranks[0].stop in ("pruned", "hopeless")
 
     @property
     def window_s(self) -> float:

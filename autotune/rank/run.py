@@ -38,7 +38,7 @@ from typing import Any
 
 from autotune.core import allocator
 from autotune.core.rank_io import NonFiniteLoss, RankResult, RankSpec
-from autotune.core.stats import Interval
+from autotune.core.stats import HOPELESS_LAST, Interval
 from autotune.rank.env import output_to
 from autotune.rank.session import LAST_GROUP, Session, open_session
 
@@ -84,18 +84,38 @@ def _run_rank(spec: RankSpec, store: Any) -> RankResult:
 
             m = probe_warmup(m)
         # Warm-up: until the slowest rank's step time settles (autotune.core.stats.SettleRule).
-        settle = m.settle_rule()
+        settle, prune_rule = m.settle_rule(), m.prune_rule()
+        incumbent = None
+        if spec.incumbent is not None and spec.limit is None:
+            incumbent = Interval.from_dict(spec.incumbent)
         warmup_started = time.perf_counter()
         step_times: list[float] = []
+        last_losses: list[Any] = []
         while settle.settled_at(step_times) is None:
             s.sync()
             t = time.perf_counter()
             last = s.step()
             s.sync()
             step_times.append(s.slowest([time.perf_counter() - t])[0])
+            last_losses = [*last_losses[-HOPELESS_LAST + 1 :], last]
             if len(step_times) >= m.min_warmup_steps and not math.isfinite(float(last)):
                 # before spending more warm-up or any window on it
                 raise NonFiniteLoss(f"loss is {float(last)} after {len(step_times)} warm-up steps")
+            rates = [s.samples_per_step / x for x in step_times]
+            if prune_rule.hopeless(rates, incumbent) is not None:  # the same on every rank
+                return _result(
+                    s,
+                    rates[-HOPELESS_LAST:],
+                    step_times[-HOPELESS_LAST:],
+                    1,
+                    "hopeless",
+                    float(torch.stack(last_losses).mean()),
+                    None,
+                    setup_s=warmup_started - started,
+                    warmup_s=time.perf_counter() - warmup_started,
+                    warmup_steps=len(step_times),
+                    measure_s=0.0,
+                )
         per_step = statistics.median(step_times[-m.settle_window :])
         steps = min(max(math.ceil(m.window_s / per_step), m.min_steps), m.max_steps)
         measure_started = time.perf_counter()

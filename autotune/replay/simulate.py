@@ -14,10 +14,13 @@ well under a second.
 The landscape's ``first_measurement`` (the defaults' probe) answers the search's first probe;
 without one (or ``evidence=False``) the screening goes in the priors' listed order.
 
+A landscape's ``failing`` values (``knob=value`` -> (reason, seconds)) fail every point with
+them after that many simulated seconds, as a value that times out on real hardware does.
+
 What it does not model: drift of the machine over time (a run is drawn at random, not in
-order), runs longer than the recorded windows (they stop at the ``cap``), trial failures, and
-the cold first baseline unless ``cold_first`` (the first run of the study is then scaled by the
-recorded cold/warm ratio).
+order), runs longer than the recorded windows (they stop at the ``cap``), failures other than
+``failing``'s, and the cold first baseline unless ``cold_first`` (the first run of the study is
+then scaled by the recorded cold/warm ratio).
 
 ``bench/replay.py`` is the benchmark over many seeds (its table: ``autotune.replay.table``);
 ``tests/unit/test_replay.py`` holds its result.
@@ -36,6 +39,7 @@ from typing import Any
 import optuna
 
 from autotune.core.config import MeasureSettings, TrialConfig
+from autotune.core.errors import TrialFailed
 from autotune.core.rank_io import RankResult
 from autotune.core.stats import Interval
 from autotune.core.target import Target
@@ -80,6 +84,8 @@ class Landscape:
     meta: dict[str, Any] = field(default_factory=dict)
     first: dict[str, Any] | None = None
     """The defaults' limit probe (``record_landscape``'s ``first_measurement``), if recorded."""
+    failing: dict[str, tuple[str, float]] = field(default_factory=dict)
+    """``knob=value`` -> (failure reason, simulated seconds): every point with it fails so."""
 
     @classmethod
     def load(cls, path: Path | str) -> Landscape:
@@ -201,7 +207,14 @@ class ReplayMeasurer:
         if limit is not None:
             return self._probe()
         m = measure or self.d.measure
-        run = self.rng.choice(self.landscape.runs[self.config_key(config)])
+        key = self.config_key(config)
+        for value in key.split(","):
+            if value in self.landscape.failing:
+                reason, wall = self.landscape.failing[value]
+                self.clock += wall
+                self.log.append((self.clock, key))
+                raise TrialFailed(reason, f"{value} fails in this landscape")
+        run = self.rng.choice(self.landscape.runs[key])
         scale = self.landscape.cold_ratio if self._cold else 1.0
         self._cold = False
         stop_rule, prune_rule = m.stop_rule(), m.prune_rule()

@@ -59,7 +59,7 @@ from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.errors import FailureReason, TrialFailed
 from autotune.core.numerics import CURVE_STEPS
 from autotune.core.rank_io import RankResult
-from autotune.core.stats import Interval
+from autotune.core.stats import HOPELESS_LAST, Interval
 from autotune.launch.results import TrialResult
 from autotune.script import guard as script_guard
 from autotune.script.report import BadReport, Reports
@@ -104,7 +104,7 @@ class StepStream:
             times = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
             at = m.settle_rule().settled_at(times)
             if at is None:
-                return False
+                return self._hopeless(times)
             self.warmup_steps = at
             per_step = statistics.median(times[at - m.settle_window : at])
             n = math.ceil(m.window_s / per_step) if per_step > 0 else m.min_steps
@@ -126,6 +126,20 @@ class StepStream:
                 self.stop = why
                 return True
         return False
+
+    def _hopeless(self, times: list[float]) -> bool:
+        """Whether the warm-up's steps already run hopelessly below the incumbent
+        (``PruneRule.hopeless``): its last steps are then the trial's windows, stop
+        ``hopeless``."""
+        rates = [self.samples_per_step / t if t > 0 else math.inf for t in times]
+        if self.measure.prune_rule().hopeless(rates, self.incumbent) is None:
+            return False
+        self.warmup_steps = len(times) - HOPELESS_LAST
+        self.steps_per_window = 1
+        self.seconds = times[-HOPELESS_LAST:]
+        self.windows = rates[-HOPELESS_LAST:]
+        self.stop = "hopeless"
+        return True
 
 
 def _end(proc: subprocess.Popen[bytes]) -> None:

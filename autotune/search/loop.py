@@ -43,7 +43,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from autotune.core.errors import TrialFailed, interrupted_by
+from autotune.core.errors import FailureReason, TrialFailed, interrupted_by
 from autotune.definition.space import ResolvedSpace
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.measure import Measurer, Placement
@@ -232,7 +232,10 @@ class Search:
         return True
 
     def _count(self, trial: optuna.trial.FrozenTrial) -> None:
-        """``trial`` has ended: count it for ``--n-trials`` and ``--patience``."""
+        """``trial`` has ended: count it for ``--n-trials`` and ``--patience`` (a trial not run,
+        its value known failing, is not counted: ``search.failing``)."""
+        if trial.state == TrialState.FAIL and tr.reason(trial) == FailureReason.KNOWN_FAILING:
+            return
         value = trial.values[0] if trial.state == TrialState.COMPLETE and trial.values else None
         with self._lock:
             self._finished += 1

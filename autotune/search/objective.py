@@ -44,8 +44,9 @@ from autotune.launch.measure import Measurer
 from autotune.launch.results import TrialResult
 from autotune.record import trial as tr
 from autotune.record.study import DRIVER, anchors, baseline_trial, incumbent, tag, throughput
-from autotune.report.events import Emit, Outcome, TrialFinished, TrialStarted
+from autotune.report.events import Emit, Note, Outcome, TrialFinished, TrialStarted
 from autotune.search.budget import Budget
+from autotune.search.failing import known_failing, queued_by_design
 
 __all__ = ["Objective", "keep_logs"]
 
@@ -98,6 +99,8 @@ class Objective:
         self.interrupted = threading.Event()
         #: What interrupted the run, for the trials it killed.
         self.interrupted_by = "Ctrl-C"
+        self._lock = threading.Lock()
+        self._dropped: set[str] = set()  # known failing values said (``_not_run``)
 
     def interrupt(self, by: str) -> None:
         """Ctrl-C or SIGTERM (``by``) landed on the search driver's main thread, which is
@@ -118,6 +121,10 @@ class Objective:
         # is a trial's failure, not the run's
         kind = _Kind(tr.is_baseline(trial), bool(runs))
         changes = changed_knobs(trial.params, self.space.defaults())
+        if not queued_by_design(trial):
+            found = known_failing(self.study, trial.params, self.space.defaults())
+            if found is not None:
+                raise self._not_run(trial, *found, changes=changes)
         self.emit(TrialStarted(tag=tag(trial), changes=changes))
         try:
             result = self._measure(trial, values, config, kind)
@@ -146,6 +153,11 @@ class Objective:
             raise drifted
         self._finished(trial, result, speedup, changes)
         if result.pruned:
+            if result.ranks[0].stop == "hopeless":
+                raise optuna.TrialPruned(
+                    f"in warm-up: its steps ran at {result.throughput:.1f} samples/s, "
+                    f"{self.d.measure.hopeless_factor:g}x or more below the incumbent's interval"
+                )
             raise optuna.TrialPruned(
                 f"upper bound {result.interval.high:.1f} below the incumbent's interval"
             )
@@ -235,6 +247,29 @@ class Objective:
                 speedup=speedup,
             )
         )
+
+    def _not_run(
+        self, trial: optuna.Trial, value: str, fails: int, reasons: str, *, changes: dict
+    ) -> TrialFailed:
+        """``trial`` proposes ``value``, known failing (``search.failing``): recorded FAIL
+        without running, said in one line the first time the value is dropped."""
+        with self._lock:
+            first = value not in self._dropped
+            self._dropped.add(value)
+        if first:
+            self.emit(
+                Note(
+                    f"Not run again: {value} failed in all {fails} trials with it ({reasons}); "
+                    "the sampler's trials with it are recorded known_failing without running"
+                )
+            )
+        failure = TrialFailed(
+            FailureReason.KNOWN_FAILING,
+            f"{value} failed in all {fails} earlier trials with it ({reasons})",
+        )
+        tr.save_wall(trial, 0.0)
+        self._fail(trial, failure, changes)
+        return failure
 
     def _fail(self, trial: optuna.Trial, failure: TrialFailed, changes: dict) -> None:
         """Record why ``trial`` fails and say so."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 import pytest
 
@@ -108,8 +109,23 @@ def test_a_trial_clearly_below_the_incumbent_is_pruned_with_its_partial_numbers(
     far_above = Interval(
         median=base.throughput * 10, low=base.throughput * 9, high=base.throughput * 11, n=5
     )
+    windows_only = replace(QUICK, hopeless_factor=1000.0)  # the warm-up's rule out of the way
     res = runner.run(
         trial=1,
+        trainer=TRAINER,
+        trainer_options={},
+        config=config(),
+        measure=windows_only,
+        seed=0,
+        timeout_s=120,
+        incumbent=far_above,
+    )
+    assert res.pruned and res.ranks[0].stop == "pruned"
+    assert len(res.windows) == QUICK.prune_after  # stopped as soon as the rule may act
+    assert res.interval.high < far_above.low
+    # 9x below the incumbent is hopeless already in warm-up: pruned at its 6th step
+    res = runner.run(
+        trial=3,
         trainer=TRAINER,
         trainer_options={},
         config=config(),
@@ -118,8 +134,8 @@ def test_a_trial_clearly_below_the_incumbent_is_pruned_with_its_partial_numbers(
         timeout_s=120,
         incumbent=far_above,
     )
-    assert res.pruned and res.ranks[0].stop == "pruned"
-    assert len(res.windows) == QUICK.prune_after  # stopped as soon as the rule may act
+    assert res.pruned and res.ranks[0].stop == "hopeless"
+    assert (res.ranks[0].warmup_steps, len(res.windows), res.ranks[0].measure_s) == (6, 3, 0.0)
     assert res.interval.high < far_above.low
     # an incumbent within reach never prunes ("within reach" allows for this shared machine's
     # run-to-run noise: the same configuration measured 418-617 samples/s within minutes)

@@ -510,3 +510,16 @@ def test_a_failed_command_is_named_by_its_ranks_own_error_not_torchruns_banner(
     log = tmp_path / "script.log"
     log.write_text(text)
     assert error_line(log) == says
+
+
+def test_a_scripts_warm_up_hopelessly_below_the_incumbent_is_pruned_before_it_settles():
+    s = StepStream(M, samples_per_step=64.0, incumbent=Interval(21000.0, 20000.0, 22000.0, 5))
+    slower = [0.1 * 1.3**k for k in range(40)]  # never settles: would run to the warm-up's cap
+    assert not s.feed(stamps(slower[:5]))  # 5 steps: not judged yet
+    assert s.feed(stamps(slower[:6]))  # 6 steps, the last 3 at 172-291 samples/s: 89x below
+    assert (s.stop, s.steps_per_window, s.warmup_steps) == ("hopeless", 1, 3)
+    assert s.seconds == pytest.approx(slower[3:6])
+    assert s.windows == pytest.approx([64 / t for t in slower[3:6]])
+    # the same steps against an incumbent within 4x: still warming up
+    near = StepStream(M, samples_per_step=64.0, incumbent=Interval(450.0, 400.0, 500.0, 5))
+    assert not near.feed(stamps(slower[:8]))

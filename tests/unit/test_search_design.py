@@ -452,3 +452,25 @@ def test_re_measurement_runs_take_the_study_s_rerun_windows():
         windows_s = r.study.user_attrs["validation"]["timed_s"]
         assert windows_s == pytest.approx(sum(len(v) for v in runs.values()) * n * 1.0)
         assert 0 < r.timed_s < r.seconds  # the replay's efficiency: timed over simulated wall
+
+
+def test_a_value_that_times_out_twice_is_not_run_again_and_not_counted_as_a_trial():
+    """On a CPU with emulated bf16, the sampler kept proposing bf16 in other combinations, each
+    spending its whole timeout; here a value fails at 60 s in every point with it."""
+    from autotune.record import trial as tr
+
+    ls = landscape(TWO_HELP)
+    ls.failing = {"num_workers=2": ("timeout", 60.0)}
+    notes: list = []
+    r = replay(ls, seed=0, n_trials=40, validate_top=0, budget_s=3600, emit=notes.append)
+    with_it = [t for t in r.study.trials if t.params.get("num_workers") == 2]
+    reasons = [tr.reason(t) for t in with_it]
+    assert reasons[:2] == ["timeout", "timeout"]  # the screening's trial and the sampler's first
+    assert reasons[2:] and set(reasons[2:]) == {"known_failing"}  # then never run again
+    said = [n.text for n in notes if "Not run again" in getattr(n, "text", "")]
+    assert said == [
+        "Not run again: num_workers=2 failed in all 2 trials with it (timeout x2); the "
+        "sampler's trials with it are recorded known_failing without running"
+    ]
+    # --n-trials counts the trials that ran, not those recorded without running
+    assert len(r.study.trials) - len(reasons[2:]) == 40

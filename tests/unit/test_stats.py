@@ -430,3 +430,21 @@ def test_each_key_follows_every_other_key_equally_often(k, rounds, times):
 def test_interleave_rejects_duplicate_keys():
     with pytest.raises(ValueError):
         interleave(["a", "a"], rounds=2)
+
+
+def test_a_warm_up_hopelessly_below_the_incumbent_is_pruned_then_and_not_before_its_6th_step():
+    rule = PruneRule()
+    bar = Interval(median=1000.0, low=950.0, high=1050.0, n=5)
+    slow = [50.0] * 10  # 19x below the bar's low bound
+    assert [rule.hopeless(slow[:n], bar) is not None for n in range(1, 8)] == [False] * 5 + [
+        True
+    ] * 2
+    assert rule.hopeless(slow[:6], bar) == pytest.approx(19.0)
+    # compilation's slow first steps, then steps near the bar: never pruned
+    assert rule.hopeless([1.0, 2.0, 5.0, 900.0, 980.0, 1010.0], bar) is None
+    # below the bar, but less than 4x: for the windows' rule to judge
+    assert rule.hopeless([300.0] * 8, bar) is None
+    assert PruneRule(hopeless_factor=2.5).hopeless([300.0] * 8, bar) == pytest.approx(950 / 300)
+    assert rule.hopeless(slow, None) is None
+    with pytest.raises(ValueError):
+        PruneRule(hopeless_factor=1.0)
