@@ -1,5 +1,7 @@
 """Search-space YAML <-> Optuna distributions, resolution per backend, legality."""
 
+import dataclasses
+
 import optuna
 import pytest
 import yaml
@@ -19,6 +21,7 @@ CPU = Target(
     global_batch=128,
     cpus_per_rank=1,
     bf16=True,
+    bf16_native=True,  # AVX512-BF16 or AMX
     tf32=False,
 )
 GPU = Target(
@@ -129,6 +132,11 @@ def test_gloo_on_cpu_leaves_out_what_cannot_act_and_says_why():
     assert "pytorch#58467" in parts[("comm_hook", "powersgd")]
     assert r.distributions["comm_hook"].choices == ("none", "fp16")
     assert r.distributions["precision"].choices == ("fp32", "bf16")
+    # a CPU without bf16 units emulates it: left out, saying so, as fp16 is
+    emulated = SearchSpace.load("default").resolve(dataclasses.replace(CPU, bf16_native=False))
+    assert "precision" not in emulated.distributions  # fp32 alone is left
+    said = {(d.name, d.choice): d.reason for d in emulated.dropped if not d.whole}
+    assert "no bf16 units" in said[("precision", "bf16")]
     # 128 and 256 do not divide the per-rank batch of 64
     assert r.distributions["micro_batch"].choices == (8, 16, 32, 64)
 
