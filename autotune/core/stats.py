@@ -51,13 +51,19 @@ from typing import Any
 import numpy as np
 from scipy.special import stdtrit
 
+from autotune.core import values
+from autotune.core.values import PRECISE
+
 __all__ = [
     "Interval",
     "PruneRule",
     "SettleRule",
     "StopRule",
     "median_ci",
+    "precise",
+    "rounds_to_settle",
     "speedup_ci",
+    "speedup_text",
 ]
 
 
@@ -115,6 +121,32 @@ class Interval:
         low = -math.inf if d["low"] is None else float(d["low"])
         high = math.inf if d["high"] is None else float(d["high"])
         return cls(median=float(d["median"]), low=low, high=high, n=int(d["n"]))
+
+
+def precise(ci: Interval, within: float = PRECISE) -> bool:
+    """Whether ``ci`` lies within +-``within`` of its median (``values.precise``)."""
+    return values.precise(ci.median, ci.low, ci.high, within)
+
+
+def rounds_to_settle(ci: Interval, within: float = PRECISE, most: int = 100) -> int | None:
+    """Paired rounds after which an interval of ``ci``'s spread (its ``n`` rounds, its width
+    on the log scale ``speedup_ci`` works on) would lie within +-``within``; None when ``ci``
+    shows no finite spread, or more than ``most`` would be needed."""
+    if ci.n < 2 or not 0 < ci.low <= ci.high < math.inf:
+        return None
+    sd = math.log(ci.high / ci.low) / 2 * math.sqrt(ci.n) / _t_quantile(0.95, ci.n - 1)
+    goal = math.log(1 + within)  # the tighter side: log(1 + w) < -log(1 - w)
+    return next(
+        (k for k in range(2, most + 1) if _t_quantile(0.95, k - 1) * sd / math.sqrt(k) <= goal),
+        None,
+    )
+
+
+def speedup_text(ci: Interval, *, digits: int = 2) -> str:
+    """``ci`` as ``values.speedup_interval`` writes a speedup with its interval, saying how
+    many rounds would settle one too wide to be a result."""
+    settle = None if precise(ci) else rounds_to_settle(ci)
+    return values.speedup_interval(ci.median, ci.low, ci.high, ci.n, digits=digits, settle=settle)
 
 
 def _as_array(samples: Sequence[float], what: str, positive: bool = False) -> np.ndarray:

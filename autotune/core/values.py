@@ -3,7 +3,8 @@ keeps them). The knob registry (``knobs``) builds each knob's legality from thes
 
 And values written for people, the one way every line the run prints or the report shows
 writes them: ``number`` (54,350 and 5.435, never ``5.435e+04``), ``seconds`` (1.25 s, 12.3 ms,
-45 us), ``nbytes`` (4 KiB, 64.2 MiB) and ``speedup`` (1.52x).
+45 us), ``nbytes`` (4 KiB, 64.2 MiB), ``speedup`` (1.52x) and ``speedup_interval`` (1.52x
+[1.47, 1.58], or why it is no result).
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ __all__ = [
     "positive_number",
     "seconds",
     "shown",
+    "PRECISE",
+    "precise",
     "speedup",
+    "speedup_interval",
     "terminal_safe",
 ]
 
@@ -130,3 +134,44 @@ def nbytes(b: float) -> str:
 def speedup(x: float) -> str:
     """A ratio to the defaults: 1.52x (two decimals: noise below 1 % is not news)."""
     return f"{x:.2f}x" if math.isfinite(x) else f"{x}x"
+
+
+#: A speedup a person reads as a result (the run's summary, the profile, the report) is shown
+#: with its interval only when its 95 % interval lies within +-``PRECISE`` of it.
+PRECISE = 0.25
+
+
+def precise(median: float, low: float | None, high: float | None, within: float = PRECISE) -> bool:
+    """Whether the interval ``[low, high]`` lies within +-``within`` of ``median`` (an
+    unbounded side, None or infinite, never does)."""
+    if low is None or high is None or not median > 0:
+        return False
+    return median * (1 - within) <= low and high <= median * (1 + within)
+
+
+def speedup_interval(
+    median: float,
+    low: float | None,
+    high: float | None,
+    rounds: int | None,
+    *,
+    digits: int = 2,
+    settle: int | None = None,
+) -> str:
+    """The one way a speedup with its 95 % interval is written for people:
+    ``1.59x [1.50, 1.68]``. An interval wider than +-``PRECISE`` of its median is no result,
+    and says so with what it was measured over (``rounds``) and, when known, the rounds that
+    would settle it (``settle``; ``stats.rounds_to_settle``): ``not measured precisely enough
+    (2 rounds: 0.36-4.65x; about 5 rounds would settle it)``."""
+
+    def x(v: float) -> str:
+        return f"{v:.{digits}f}"
+
+    if precise(median, low, high):
+        assert low is not None and high is not None
+        return f"{x(median)}x [{x(low)}, {x(high)}]"
+    said = [] if rounds is None else ["1 round" if rounds == 1 else f"{rounds} rounds"]
+    if low is not None and high is not None and 0 < low <= high < math.inf:
+        said.append(f"{x(low)}-{x(high)}x")
+    more = "" if settle is None else f"; about {settle} rounds would settle it"
+    return f"not measured precisely enough ({': '.join(said) or 'no interval'}{more})"

@@ -34,6 +34,7 @@ from autotune.core import safe_yaml as _yaml
 from autotune.core.config import POWERSGD_START_ITER, TrialConfig
 from autotune.core.errors import ConfigError
 from autotune.core.files import replace_whole
+from autotune.core.values import is_int, precise, speedup_interval
 from autotune.launch.hardware import differences
 from autotune.profile.rules import (
     ALLOWED_ENV,
@@ -155,10 +156,11 @@ class Profile:
         if m.get("validation") and ci:
             if ci == [1.0, 1.0]:
                 return "the defaults: no candidate beat them beyond the noise in the re-validation"
-            return (
-                f"{speedup:.2f}x the defaults, re-validated (95 % interval "
-                f"{ci[0]:.2f}-{ci[1]:.2f}x)"
-            )
+            rounds = (m.get("validation") or {}).get("rounds")
+            said = speedup_interval(speedup, ci[0], ci[1], rounds if is_int(rounds) else None)
+            if not precise(speedup, ci[0], ci[1]):
+                return f"re-validated against the defaults: {said}"
+            return f"{said} over the defaults (re-validated, 95 % interval)"
         return f"{speedup:.2f}x the defaults ({m.get('note', 'not re-validated')})"
 
     def hardware_differences(self) -> list[str]:

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from autotune.core.stats import Interval
+from autotune.core.stats import Interval, precise, speedup_text
 from autotune.definition.durations import format_duration
 from autotune.record.typed import RecordError, read, write
 
@@ -172,10 +172,8 @@ class ArmRecord:
 
 
 def _x(ci: IntervalRecord) -> str:
-    """``1.59x [1.50, 1.68]``: a speedup with its 95 % interval."""
-    low = "?" if ci.low is None else f"{ci.low:.2f}"
-    high = "?" if ci.high is None else f"{ci.high:.2f}"
-    return f"{ci.median:.2f}x [{low}, {high}]"
+    """``1.59x [1.50, 1.68]``, or why it is no result (``stats.speedup_text``)."""
+    return speedup_text(ci.interval())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,6 +211,9 @@ class AsIsRecord:
         if self.pin is None:
             why = "; ".join(f"{k}: {v}" for k, v in self.failed.items())
             return f"your job as it runs today: the defaults' runs failed ({why})"
+        shown = self.pin if self.today is None else self.today
+        if not precise(shown.interval()):  # no headline figure (``stats.speedup_text``)
+            return f"your job as it runs today: {_x(shown)}"
         if self.today is None or self.today == self.pin:
             alone = "" if self.today is not None else " (the winner's runs failed)"
             return f"{_x(self.pin)} your job as it runs today, from {of}{alone}{tuned}"

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from autotune.core.stats import Interval
+
 __all__ = [
     "BudgetStarted",
     "Emit",
@@ -135,8 +137,8 @@ class ValidationDone:
 
     winner: str | None
     beats_baseline: bool = False
-    speedup: tuple[float, float, float] | None = None
-    """(low, median, high) of the winner's speedup."""
+    speedup: Interval | None = None
+    """The winner's speedup over the defaults, paired by round."""
     reason: str = ""
 
 

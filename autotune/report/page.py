@@ -18,7 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.core.errors import ConfigError
 from autotune.core.knobs import changed_knobs
-from autotune.core.values import number, speedup
+from autotune.core.values import number, precise, speedup, speedup_interval
 from autotune.profile.export import screening_effects, study_profile
 from autotune.record import trial as tr
 from autotune.record.attrs import load_screening
@@ -109,8 +109,17 @@ def _headline(m: dict[str, Any], said: str) -> str:
     if not isinstance(sp, (int, float)) or ci == [1.0, 1.0]:
         return f"<p class=headline><b>{e(said)}</b></p>"
     interval = ""
+    note = m.get("note")
+    note_html = f"<p>{e(note)}</p>" if isinstance(note, str) and note else ""
     if m.get("validation") and _numbers(ci, 2):
         rounds = (m.get("validation") or {}).get("rounds")
+        if not precise(sp, ci[0], ci[1]):  # no headline figure: say what it would take
+            said = speedup_interval(sp, ci[0], ci[1], rounds if isinstance(rounds, int) else None)
+            return (
+                f"<p class=headline><b>Re-validated against the defaults: {e(said)}</b></p>"
+                + _as_today(m.get("as_is"))
+                + note_html
+            )
         interval = f"95 % interval {ci[0]:.2f}-{ci[1]:.2f}x, {rounds} interleaved rounds"
     elif isinstance(own, dict) and _numbers([own.get(k) for k in ("median", "low", "high")], 3):
         median = own["median"]
@@ -118,8 +127,6 @@ def _headline(m: dict[str, Any], said: str) -> str:
             low, high = sp * own["low"] / median, sp * own["high"] / median
             interval = f"95 % interval {low:.2f}-{high:.2f}x, the trial's own windows"
     ci_html = f" <span class=ci>({e(interval)})</span>" if interval else ""
-    note = m.get("note")
-    note_html = f"<p>{e(note)}</p>" if isinstance(note, str) and note else ""
     return (
         f"<p class=headline><span class=big>{speedup(sp)}</span> the defaults{ci_html}</p>"
         + _as_today(m.get("as_is"))

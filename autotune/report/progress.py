@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.core.knobs import changed_knobs
+from autotune.core.stats import precise, speedup_text
 from autotune.core.values import number, terminal_safe
 from autotune.definition.durations import format_duration
 from autotune.record import trial as tr
@@ -141,13 +142,11 @@ class RunView:
             if e.winner is None:
                 return [Text(e.reason)]
             if e.beats_baseline and e.speedup is not None:
-                low, median, high = e.speedup
-                return [
-                    Text(
-                        f"Validated: {e.winner} is {median:.2f}x the defaults "
-                        f"(95% interval {low:.2f}-{high:.2f}x)"
-                    )
-                ]
+                if precise(e.speedup):
+                    said = f"{e.winner} is {speedup_text(e.speedup)} the defaults"
+                else:
+                    said = f"{e.winner} over the defaults: {speedup_text(e.speedup)}"
+                return [Text(f"Validated: {said}")]
             return [Text(f"Validated: {e.reason}")]
         return []
 

@@ -158,7 +158,7 @@ def revalidate(
             winner=v.winner,
             beats_baseline=v.beats_baseline,
             reason=v.reason,
-            speedup=(v.speedup.low, v.speedup.median, v.speedup.high),
+            speedup=v.speedup,
         )
     )
     record = read(

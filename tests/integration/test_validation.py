@@ -79,14 +79,14 @@ def test_a_search_winner_that_remeasures_slower_is_not_exported_and_the_job_toda
     assert load(study, ValidationRecord) == record  # stored, and read back the same
     assert isinstance(events[0], ValidationStarted) and events[0].runs == 4
     done = [e for e in events if isinstance(e, ValidationDone)]
-    assert done == [
-        ValidationDone(
-            winner="baseline",
-            beats_baseline=False,
-            speedup=(1.0, 1.0, 1.0),
-            reason=NO_WINNER_REASON,
-        )
-    ]
+    assert len(done) == 1 and done[0].speedup is not None
+    assert (done[0].winner, done[0].beats_baseline, done[0].reason) == (
+        "baseline",
+        False,
+        NO_WINNER_REASON,
+    )
+    sp = done[0].speedup
+    assert (sp.low, sp.median, sp.high) == (1.0, 1.0, 1.0)
 
     # The job as it runs today: measured (two rounds beside the defaults, the winner here),
     # in rank processes that read glibc's allocator back as left dynamic, while the

@@ -185,3 +185,21 @@ def test_nvlink_is_read_from_nvidia_smi_link_lines():
     assert nvlink_active("GPU 0: NVIDIA H100 (UUID: x)\n\t Link 0: 26.562 GB/s\n") is True
     assert nvlink_active("GPU 0: NVIDIA H100 (UUID: x)\n\t Link 0: <inactive>\n") is False
     assert nvlink_active("") is False  # one GPU with no NVLink prints nothing
+
+
+def test_the_profiles_headline_gives_a_figure_only_when_its_interval_is_within_25_percent():
+    import dataclasses
+
+    p = make_profile()
+
+    def with_interval(low, high, rounds):
+        m = {**p.measured, "speedup_interval": [low, high], "validation": {"rounds": rounds}}
+        return dataclasses.replace(p, measured=m).headline()
+
+    assert with_interval(1.42, 1.58, 5) == (
+        "1.50x [1.42, 1.58] over the defaults (re-validated, 95 % interval)"
+    )
+    assert with_interval(0.9, 2.4, 2) == (
+        "re-validated against the defaults: not measured precisely enough (2 rounds: 0.90-2.40x)"
+    )
+    assert p.headline() == "1.50x the defaults (not re-validated)"

@@ -448,3 +448,31 @@ def test_a_warm_up_hopelessly_below_the_incumbent_is_pruned_then_and_not_before_
     assert rule.hopeless(slow, None) is None
     with pytest.raises(ValueError):
         PruneRule(hopeless_factor=1.0)
+
+
+# ------------------------------------------------------------------ figures people read
+
+
+def test_a_speedup_is_shown_with_its_interval_only_when_it_is_within_25_percent():
+    from autotune.core.stats import precise, rounds_to_settle, speedup_text
+    from autotune.core.values import speedup_interval
+
+    assert speedup_text(Interval(1.59, 1.50, 1.68, 5)) == "1.59x [1.50, 1.68]"
+    assert speedup_text(Interval(1.0, 0.76, 1.24, 3)) == "1.00x [0.76, 1.24]"  # the edge
+    # two rounds in new processes: the 5-minute run's "As today 1.29x [0.36, 4.65]"
+    wide = Interval(1.29, 0.36, 4.65, 2)
+    assert not precise(wide) and precise(Interval(1.29, 1.0, 1.6, 4))
+    assert speedup_text(wide) == (
+        "not measured precisely enough (2 rounds: 0.36-4.65x; about 5 rounds would settle it)"
+    )
+    # the rounds are those at which the same spread gives +-25 %: t(n-1) sd / sqrt(n)
+    sd = math.log(4.65 / 0.36) / 2 * math.sqrt(2) / sps.t.ppf(0.975, 1)
+    assert all(sps.t.ppf(0.975, k - 1) * sd / math.sqrt(k) > math.log(1.25) for k in (2, 3, 4))
+    assert sps.t.ppf(0.975, 4) * sd / math.sqrt(5) <= math.log(1.25)
+    assert rounds_to_settle(wide) == 5
+    assert rounds_to_settle(Interval(1.0, 0.0, math.inf, 1)) is None
+    assert (
+        speedup_text(Interval(1.0, 0.0, math.inf, 1)) == "not measured precisely enough (1 round)"
+    )
+    # an unbounded side (None, as stored) is never precise
+    assert speedup_interval(1.2, None, 1.3, 3) == "not measured precisely enough (3 rounds)"

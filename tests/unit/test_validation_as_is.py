@@ -223,6 +223,18 @@ def test_when_the_defaults_win_the_job_today_is_set_against_the_defaults_alone()
     assert line.startswith("1.32x [") and "from the tuned knobs" not in line
 
 
+def test_a_comparison_too_wide_to_be_a_result_is_no_headline():
+    from autotune.record.attrs import AsIsRecord, IntervalRecord
+
+    wide = IntervalRecord(median=1.29, low=0.36, high=4.65, n=2)
+    today = AsIsRecord(rounds=2, changes=["the allocator pin"], today=wide, pin=wide)
+    assert today.line(None) == (
+        "your job as it runs today: not measured precisely enough (2 rounds: 0.36-4.65x; "
+        "about 5 rounds would settle it)"
+    )
+    assert "1.29x" not in today.line(None)
+
+
 @pytest.mark.parametrize(
     ("stand", "budget_rounds", "says"),
     [
