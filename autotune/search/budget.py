@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from autotune.definition.durations import format_duration
 from autotune.definition.studydef import StudyDefinition
 
 __all__ = ["MAX_ROUNDS", "Budget", "rounds_to_tell", "validation_plan"]
@@ -27,16 +28,14 @@ LIMIT_SHARE = 0.05
 #: What starting new rank processes adds to a run when no trial of this invocation says
 #: (``bench/pool_overhead.py``: 7.6 s of overhead fresh against 3.2 s pooled, docs/benchmark.md).
 FRESH_START_S = 4.5
-#: Rounds of the comparison with the job as it runs today, at most: its runs start new
-#: processes (about twice a pooled run's cost), and it is the second figure of the run, not
-#: the one the search chooses by; two rounds under ``AS_IS_SHORT_S`` of budget.
-AS_IS_MAX_ROUNDS = 3
-AS_IS_SHORT_S = 600.0
-
-
-def as_is_max_rounds(total_s: float) -> int:
-    """The most rounds of the comparison with the job as it runs today at this budget."""
-    return 2 if total_s < AS_IS_SHORT_S else AS_IS_MAX_ROUNDS
+#: Rounds of the comparison with the job as it runs today. Its runs start new processes
+#: (about twice a pooled run's cost), and it is the run's second figure, not the one the
+#: search chooses by; but with two rounds a ratio's 95 % interval has t(1) = 12.7 and is no
+#: result (a 5-minute run printed 1.29x [0.36, 4.65]): three or none.
+AS_IS_ROUNDS = 3
+#: The most of the budget that comparison may be planned to take: where its rounds need more,
+#: it is left out of the plan from the start, and the run says so and what budget holds it.
+AS_IS_SHARE = 0.25
 
 
 def _shrunk(top: int, rounds: int, run_wall_s: float, room: float) -> tuple[int, int]:
@@ -168,6 +167,8 @@ class Budget:
         if plan is None:
             return None
         room = self.left_s() - self.limit_reserve_s(run)
+        if self.as_is_planned():  # what follows the re-validation keeps its share
+            room -= self.as_is_s() or 0.0
         top, rounds = _shrunk(*plan, run, room)
         return (top, rounds) if (top + 1) * rounds * run <= room else None
 
@@ -196,20 +197,43 @@ class Budget:
         start = FRESH_START_S if first is None else max(first - medians[1], 0.0)
         return medians[1] + start
 
+    def as_is_s(self, arms: int | None = None) -> float | None:
+        """Seconds of ``AS_IS_ROUNDS`` rounds of ``arms`` fresh runs (the comparison with the
+        job as it runs today; ``as_is_arms`` by default); None before a trial ended or where
+        the measurer cannot run that job."""
+        run = self.fresh_run_s()
+        if not self.as_is_arms or run is None:
+            return None
+        return AS_IS_ROUNDS * (self.as_is_arms if arms is None else arms) * run
+
+    def as_is_planned(self) -> bool:
+        """Whether the comparison with the job as it runs today is in the plan: its rounds fit
+        in ``AS_IS_SHARE`` of the budget."""
+        need = self.as_is_s()
+        return need is not None and need <= AS_IS_SHARE * self.total_s
+
     def as_is_rounds(self, arms: int) -> int:
-        """Rounds of ``arms`` fresh runs (the comparison with the job as it runs today) that
-        the budget left holds, less the limit probes, at most the re-validation's and
-        ``as_is_max_rounds``; 0 when the
-        measurer cannot run that job (``as_is_arms``)."""
-        run, medians = self.fresh_run_s(), self._medians()
-        if not self.as_is_arms or run is None or medians is None:
-            return 0
-        plan = validation_plan(self.d, self.total_s, medians[1])
-        if plan is None:
+        """Rounds of ``arms`` fresh runs (the comparison with the job as it runs today) to
+        measure now: ``AS_IS_ROUNDS`` where that comparison is planned and the budget left,
+        less the limit probes, holds them; else 0 (``as_is_left_out`` says why)."""
+        need, medians = self.as_is_s(arms), self._medians()
+        if need is None or medians is None or not self.as_is_planned():
             return 0
         room = self.left_s() - self.limit_reserve_s(medians[1])
-        most = min(plan[1], as_is_max_rounds(self.total_s))
-        return max(0, min(most, int(room // (arms * run))))
+        return AS_IS_ROUNDS if need <= room else 0
+
+    def as_is_left_out(self, arms: int) -> str:
+        """Why the comparison with the job as it runs today is not measured (``as_is_rounds``
+        gave 0), with the budget that would hold it."""
+        need = self.as_is_s(arms) or 0.0
+        runs = f"{AS_IS_ROUNDS} rounds of its {arms} runs in new processes (about {need:.0f} s)"
+        if not self.as_is_planned():
+            at_least = format_duration(math.ceil(need / AS_IS_SHARE / 60) * 60)
+            return (
+                f"not measured: {runs} would take more than {AS_IS_SHARE:.0%} of the budget; "
+                f"a budget of {at_least} or more holds them"
+            )
+        return f"not measured: the budget left ({max(self.left_s(), 0):.0f} s) holds no {runs}"
 
     def limit_reserve_s(self, run_wall_s: float) -> float:
         """Seconds kept for the limit probes: ``limit_runs`` re-validation-sized runs, at most
@@ -240,8 +264,7 @@ class Budget:
             runs = (min(to_revalidate, plan[0]) + 1) * n
             if ablate >= 2:
                 runs += ablation_runs(ablate) * n
-            fresh = self.as_is_arms * min(n, as_is_max_rounds(self.total_s))
-            fresh *= self.fresh_run_s() or run
+            fresh = (self.as_is_s() or 0.0) if self.as_is_planned() else 0.0
         return run * runs + fresh + self.limit_reserve_s(run)
 
     def room_for_another(

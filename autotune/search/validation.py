@@ -204,25 +204,24 @@ def against_today(
 ) -> AsIsRecord | None:
     """The user's job as it runs today (the defaults of ``arms["baseline"]`` without what
     autotune adds) against the pinned defaults and the winner (the other key of ``arms``, when
-    it is not the baseline), interleaved over ``rounds`` rounds (with ``budget``: the rounds it
-    leaves, at most the re-validation's), each run in new processes (module doc). A record
-    saying why not when the measurer cannot run that job, the budget holds fewer than 2 rounds
-    or its run fails; None where the measurer has no such job at all (the replay)."""
+    it is not the baseline), interleaved over ``rounds`` rounds (with ``budget``: the rounds
+    it plans, ``Budget.as_is_rounds``), each run in new processes (module doc). A record
+    saying why not when the measurer cannot run that job, the budget left it out or holds no
+    rounds, or its run fails; None where the measurer has no such job at all (the replay)."""
     as_is, fresh = getattr(measure, "as_is", None), getattr(measure, "fresh", None)
     if as_is is None or fresh is None:
         return None
-    if budget is not None:
-        rounds = min(rounds, budget.as_is_rounds(len(arms) + 1))
     base = tr.config(arms["baseline"])
     today = as_is(base)
     if isinstance(today, str):
         return AsIsRecord(reason=today)
     keys = [TODAY, *arms]
+    if budget is not None:
+        rounds = budget.as_is_rounds(len(keys))
+        if rounds == 0:
+            return AsIsRecord(reason=budget.as_is_left_out(len(keys)))
     if rounds < 2:
-        return AsIsRecord(
-            reason=f"not measured: the budget left holds no 2 rounds of its "
-            f"{len(keys)} runs in new processes"
-        )
+        return AsIsRecord(reason=f"not measured: {rounds} round(s) give no interval")
     configs = {TODAY: today, **{k: tr.config(t) for k, t in arms.items()}}
     said = {TODAY: {"allocator pin": "off", "threads": today.threads}}
     said.update({k: changed_knobs(t.params, defaults) for k, t in arms.items()})

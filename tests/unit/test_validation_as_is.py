@@ -30,7 +30,7 @@ from autotune.record.attrs import AsIsRecord, IntervalRecord, ValidationRecord, 
 from autotune.record.study import ATTR
 from autotune.report.events import TrialStarted, ValidationRun
 from autotune.search.ablation import PIN, pin_contribution
-from autotune.search.budget import FRESH_START_S, Budget, as_is_max_rounds
+from autotune.search.budget import AS_IS_ROUNDS, AS_IS_SHARE, FRESH_START_S, Budget
 from autotune.search.validation import TODAY, against_today, revalidate
 
 TARGET = Target(backend="gloo", device="cpu", world_size=2, global_batch=32, cpus_per_rank=2)
@@ -240,13 +240,16 @@ def test_a_comparison_too_wide_to_be_a_result_is_no_headline():
     [
         (Stand(reason="not measured on a GPU: why"), None, "not measured on a GPU: why"),
         (Stand(fail=TODAY), None, "not measured: its run failed (crash: rank 0: boom)"),
-        (Stand(), 1, "the budget left holds no 2 rounds"),
+        (Stand(), 0, "not measured: left out, why"),
     ],
 )
 def test_where_the_job_today_cannot_be_measured_the_record_says_why(stand, budget_rounds, says):
     budget = None
     if budget_rounds is not None:
-        budget = SimpleNamespace(as_is_rounds=lambda arms: budget_rounds)
+        budget = SimpleNamespace(
+            as_is_rounds=lambda arms: budget_rounds,
+            as_is_left_out=lambda arms: "not measured: left out, why",
+        )
     _, record, _ = run_revalidation(stand, budget=budget)
     assert record is not None and record.as_is is not None
     assert says in record.as_is.reason and record.as_is.pin is None
@@ -280,18 +283,37 @@ def test_the_budget_keeps_room_for_the_job_today_in_new_processes_only_where_it_
     b = budget()
     b.trial_done(6.0, rerun_wall_s=6.0)
     kept = b.reserve_s(to_revalidate=3)
+    plan = b.validation_plan()
+    assert plan is not None
     assert b.as_is_rounds(3) == 0  # the replay, a GPU: nothing kept, nothing measured
     b.as_is_arms = 3
     assert b.fresh_run_s() == 6.0 + FRESH_START_S  # one trial: the measured start-up default
-    most = as_is_max_rounds(b.total_s)  # fewer rounds than the re-validation's 8
-    assert most < 8
-    assert b.reserve_s(to_revalidate=3) == pytest.approx(kept + 3 * most * (6.0 + FRESH_START_S))
-    assert b.as_is_rounds(3) == most
+    need = AS_IS_ROUNDS * 3 * (6.0 + FRESH_START_S)
+    assert b.as_is_s() == pytest.approx(need) and need <= AS_IS_SHARE * b.total_s
+    assert b.reserve_s(to_revalidate=3) == pytest.approx(kept + need)
+    assert b.as_is_rounds(3) == AS_IS_ROUNDS == 3  # two rounds are no result: three or none
+    # the re-validation at the end leaves the comparison its share: with the plan's seconds
+    # left, fewer candidates (or rounds) than without it
+    clock = [0.0]
+    b.now, b.started = (lambda: clock[0]), 0.0
+    clock[0] = 600 - (plan[0] + 1) * plan[1] * 6.0 - b.limit_reserve_s(6.0)
+    assert b.validation_plan() < plan
+    b.as_is_arms = 0
+    assert b.validation_plan() == plan
 
 
-def test_the_comparison_with_the_job_today_takes_two_rounds_on_a_short_budget_three_on_long():
-    assert as_is_max_rounds(180.0) == 2
-    assert as_is_max_rounds(7200.0) == 3
+def test_a_comparison_with_the_job_today_over_a_quarter_of_the_budget_is_left_out_saying_so():
+    b = budget(180)  # 3 minutes: 3 rounds of 3 runs of 10.5 s are 94 s
+    b.as_is_arms = 3
+    b.trial_done(6.0, rerun_wall_s=6.0)
+    kept_without = b.reserve_s(to_revalidate=1)
+    assert not b.as_is_planned() and b.as_is_rounds(3) == 0
+    assert b.as_is_left_out(3) == (
+        "not measured: 3 rounds of its 3 runs in new processes (about 94 s) would take more "
+        "than 25% of the budget; a budget of 7m or more holds them"
+    )
+    b.as_is_arms = 0
+    assert b.reserve_s(to_revalidate=1) == kept_without  # nothing kept for it
 
 
 def test_the_process_start_is_what_the_first_trial_paid_over_the_others():
@@ -308,8 +330,11 @@ def test_the_rounds_shrink_with_the_budget_left():
     clock = [0.0]
     b.now = lambda: clock[0]
     b.started = 0.0
-    clock[0] = 600 - 3 * 2 * (6.0 + FRESH_START_S) - b.limit_reserve_s(6.0) + 1
-    assert b.as_is_rounds(3) == 1  # less than two rounds left: revalidate says so
+    clock[0] = 600 - 3 * 3 * (6.0 + FRESH_START_S) - b.limit_reserve_s(6.0) + 1
+    assert b.as_is_rounds(3) == 0  # less than its three rounds left: revalidate says so
+    assert b.as_is_left_out(3).startswith("not measured: the budget left (")
+    clock[0] -= 2
+    assert b.as_is_rounds(3) == 3
 
 
 # -- the ablation table and the profile ------------------------------------------------------
