@@ -284,6 +284,10 @@ class Search:
         qualify, ablate, rounds = reserve_for(self.study, self.space.baseline_params(), self.d)
         kept = self.budget.reserve_s(to_revalidate=qualify, ablate=ablate, rounds=rounds)
         if left >= wall + kept:
+            if left < 2 * wall + kept:  # the last trial: the helpers' combination, if due
+                self._partners_first(left, wall, kept)
+            return True
+        if self._partners_first(left, wall, self.budget.reserve_s(to_revalidate=1, rounds=rounds)):
             return True
         what = f"{qualify} candidate(s)" if qualify else "no candidate"
         self._stopped(
@@ -295,6 +299,23 @@ class Search:
             kept_s=kept,
         )
         return False
+
+    def _partners_first(self, left: float, wall: float, kept: float) -> bool:
+        """Whether the screened helpers' combination is the next trial, the last the budget
+        holds with ``kept`` seconds kept after it: it is due (``Screening.partners_due``) and
+        comes before the run of the defaults that closes the screening, said in one line."""
+        s = self.screening
+        if s is None or s.hurry or left < wall + kept or not s.partners_due():
+            return False
+        s.hurry = True
+        self.emit(
+            Note(
+                f"The screened helpers' combination runs next, before the search stops: "
+                f"{left:.0f} s left hold one more trial ({wall:.0f} s) and the {kept:.0f} s "
+                "kept after it, not also the run of the defaults that closes the screening"
+            )
+        )
+        return True
 
     def _untried_beyond_noise(self) -> bool:
         """Untried screening priors whose expected gain is beyond the noise (the plan keeps

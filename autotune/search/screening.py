@@ -296,6 +296,27 @@ class Screening:
         self._lock = threading.Lock()
         #: The first measurement (``Search`` sets it once the probe after the baseline ran).
         self.evidence: Evidence | None = None
+        #: Set by ``Search`` when the budget holds the combination but not the run of the
+        #: defaults before it (``partners_due``): the screening closes without that run.
+        self.hurry = False
+
+    def partners_due(self) -> bool:
+        """Whether every planned prior is screened, two or more helped and their combination
+        is not queued yet: the trial worth running before the search stops (a lever's
+        partners measured together; the defaults' run that closes the screening can wait)."""
+        with self._lock:
+            if not self.is_open():
+                return False
+            trials = self.study.get_trials(deepcopy=False)
+            ours = [t for t in trials if _ours(t)]
+            done = {tr.screen_label(t) for t in ours}
+            if any(p.prior.label not in done for p in plan(self.space, self.evidence)[0]):
+                return False
+            screened = [t for t in ours if tr.screen_label(t) is not None]
+            if not screened or any(not t.state.is_finished() for t in screened):
+                return False
+            kept, moves = _combine(self._summary(screened))
+            return len(kept) >= 2 and moved(self.space, moves) is not None
 
     def is_open(self) -> bool:
         """Whether the screening is still going on (its effects not summarised yet)."""
@@ -335,7 +356,7 @@ class Screening:
                 return None
             screened = [t for t in ours if tr.screen_label(t) is not None]
             again = [t for t in ours if tr.anchor(t) == AGAIN]
-            if screened and not again:  # the effects are measured against both runs
+            if screened and not again and not self.hurry:  # effects against both runs
                 enqueue_anchor(self.study, self.space, AGAIN)
                 return None
             if any(not t.state.is_finished() for t in screened + again):

@@ -479,3 +479,25 @@ def test_a_value_that_times_out_twice_is_not_run_again_and_not_counted_as_a_tria
     ]
     # --n-trials counts the trials that ran, not those recorded without running
     assert len(r.study.trials) - len(reasons[2:]) == 40
+
+
+def test_the_last_trial_the_budget_holds_combines_the_screened_helpers():
+    """At 60 s the budget holds one trial after the screening: it used to be the run of the
+    defaults that closes the screening, and the two helpers were exported apart (0.91 of the
+    best); the combination runs instead, said in one line."""
+    from autotune.record import trial as tr
+
+    notes: list = []
+    r = replay(landscape(TWO_HELP), seed=0, n_trials=100, budget_s=60, emit=notes.append)
+    last = r.study.trials[-1]
+    assert tr.combination(last) is not None and r.stop == "budget"
+    assert not [t for t in r.study.trials if tr.anchor(t) == "after screening"]
+    assert r.share == 1.0
+    said = [n.text for n in notes if "combination runs next" in getattr(n, "text", "")]
+    assert len(said) == 1 and said[0].startswith("The screened helpers' combination runs next")
+    # with room for both, the defaults run first, as before
+    r = replay(landscape(TWO_HELP), seed=0, n_trials=100, budget_s=120)
+    kinds = [
+        tr.anchor(t) == "after screening" or tr.combination(t) is not None for t in r.study.trials
+    ]
+    assert sum(kinds) == 2
