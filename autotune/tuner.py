@@ -115,6 +115,10 @@ class RunSummary:
     stopped: str | None = None
     """Why the run stopped before its budget (a lost cluster, a failed storage, ...)."""
     study: optuna.Study | None = None
+    budget_s: float = 0.0
+    ledger: list[tuple[str, float]] = field(default_factory=list)
+    """Where the budget went (``Budget.ledger``): phases adding up to the run's time, and what
+    was returned unspent."""
 
 
 def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
@@ -185,6 +189,7 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
         _hold_sigterm(req)
         _export(summary, study, profile_path, d.budget_s)
         _said_converged(run, emit)
+        summary.budget_s, summary.ledger = d.budget_s, run.budget.ledger()
     finally:
         _hold_sigterm(req)
         sink.close()  # first: the trackers' runs end whatever Ray's shutdown does
@@ -290,7 +295,8 @@ def _search_and_conclude(
         # 6-7. Re-measure the best few against the baseline; keep only what carries the gain.
         run.conclude()
         if d.limit and not d.command:  # script mode: the first measurement only
-            _limit(run.study, d, run.measure, limit_dir, emit, device=target.device)
+            with run.budget.phase("limit"):
+                _limit(run.study, d, run.measure, limit_dir, emit, device=target.device)
     except KeyboardInterrupt as e:
         _interrupted(summary, e, emit)
         search.record_stop("interrupted", f"interrupted ({interrupted_by(e)})")

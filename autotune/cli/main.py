@@ -276,6 +276,7 @@ def _print_summary(console: Any, summary: Any) -> None:
     from autotune.record.attrs import LimitRecord, StopRecord, ValidationRecord, load_readable
     from autotune.record.storage import display_url
     from autotune.report.progress import failure_line, summary_table
+    from autotune.search.budget import budget_line
 
     def say(text: str) -> None:
         console.print(terminal_safe(text), highlight=False, soft_wrap=True, markup=False)
@@ -299,6 +300,8 @@ def _print_summary(console: Any, summary: Any) -> None:
     stop = None if summary.study is None else load_readable(summary.study, StopRecord)
     if stop is not None:
         say(f"Stopped    {stop.line().removeprefix('Search stopped ')}")
+    if summary.ledger:
+        say(f"Budget     {budget_line(summary.budget_s, summary.ledger)}")
     if summary.profile_path:
         say(f"Exported   {_exported_line(summary.profile_path)}")
     checked = None if summary.study is None else load_readable(summary.study, ValidationRecord)

@@ -62,24 +62,26 @@ class Assembly:
         """What follows the search: re-validate the best few against the baseline,
         interleaved (``validation.revalidate``), then ablate the winner
         (``ablation.ablate``)."""
-        checked = revalidate(
-            study=self.study,
-            definition=self.definition,
-            plan=self.budget.validation_plan(),
-            measure=self.measure,
-            emit=self.emit,
-            defaults=self.space.defaults(),
-            budget=self.budget,
-        )
-        ablate(
-            study=self.study,
-            definition=self.definition,
-            space=self.space,
-            validation=checked,
-            budget=self.budget,
-            measure=self.measure,
-            emit=self.emit,
-        )
+        with self.budget.phase("re-validation"):
+            checked = revalidate(
+                study=self.study,
+                definition=self.definition,
+                plan=self.budget.validation_plan(),
+                measure=self.measure,
+                emit=self.emit,
+                defaults=self.space.defaults(),
+                budget=self.budget,
+            )
+        with self.budget.phase("ablation"):
+            ablate(
+                study=self.study,
+                definition=self.definition,
+                space=self.space,
+                validation=checked,
+                budget=self.budget,
+                measure=self.measure,
+                emit=self.emit,
+            )
 
 
 def assemble(

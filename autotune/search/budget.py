@@ -8,16 +8,17 @@ running in several threads tell it under its lock.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from autotune.definition.durations import format_duration
 from autotune.definition.studydef import StudyDefinition
 
-__all__ = ["MAX_ROUNDS", "Budget", "rounds_to_tell", "validation_plan"]
+__all__ = ["MAX_ROUNDS", "Budget", "budget_line", "rounds_to_tell", "validation_plan"]
 
 #: Most interleaved rounds the re-validation grows to when the budget has room for them.
 MAX_ROUNDS = 10
@@ -121,12 +122,45 @@ class Budget:
         #: that job, the defaults and the winner, each run in new processes); 0 where the
         #: measurer cannot run that job (set by ``tuner.run``; the replay keeps 0).
         self.as_is_arms = 0
+        #: Seconds spent in each phase of the run (``phase``), each its own time only, and
+        #: before the search started (Ray, the placement, the hardware probe).
+        self.spent: dict[str, float] = {}
+        self.startup_s = 0.0
+        self._phases: list[list[float]] = []  # open phases: [start, seconds of those inside]
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Count the time inside as ``name``'s (``ledger``), less that of phases inside it
+        (the comparison with the job as it runs today inside the re-validation)."""
+        frame = [self.now(), 0.0]
+        self.spent.setdefault(name, 0.0)  # listed in the order the phases start
+        self._phases.append(frame)
+        try:
+            yield
+        finally:
+            self._phases.pop()
+            took = self.now() - frame[0]
+            if self._phases:
+                self._phases[-1][1] += took
+            self.spent[name] += took - frame[1]
+
+    def ledger(self) -> list[tuple[str, float]]:
+        """Where the budget went so far, adding up to the time elapsed: start-up (from the
+        command's start to the search's), each phase (``phase``), the rest (``other``: the
+        export, the waits between phases), then what is ``returned`` unspent, if any."""
+        elapsed = self.elapsed_s()
+        out = [("start-up", self.startup_s), *self.spent.items()]
+        out.append(("other", max(elapsed - sum(v for _, v in out), 0.0)))
+        if self.total_s > elapsed:
+            out.append(("returned", self.total_s - elapsed))
+        return out
 
     def start(self) -> None:
         """The clock starts now (just before the first trial), unless it started with the
-        command."""
+        command (the time to here is then the ledger's start-up)."""
         if self._command_started is None:
             self.started = self.now()
+        self.startup_s = self.now() - self.started
 
     def left_s(self) -> float:
         return self.total_s - (self.now() - self.started)
@@ -279,3 +313,16 @@ class Budget:
             return True
         reserve = self.reserve_s(to_revalidate=to_revalidate, ablate=ablate, rounds=rounds)
         return left >= wall + reserve
+
+
+def budget_line(total_s: float, ledger: list[tuple[str, float]]) -> str:
+    """Where a budget of ``total_s`` went (``Budget.ledger``), for people: ``5m: start-up
+    14s, search 2m10s, re-validation 1m2s, limit 9s, other 3s (3m38s in all); 1m22s
+    returned``. Phases under half a second are left out of the list, never of the sum."""
+    spent = [(k, v) for k, v in ledger if k != "returned"]
+    returned = sum(v for k, v in ledger if k == "returned")
+    shown = ", ".join(f"{k} {format_duration(v)}" for k, v in spent if v >= 0.5)
+    line = (
+        f"{format_duration(total_s)}: {shown} ({format_duration(sum(v for _, v in spent))} in all)"
+    )
+    return line + (f"; {format_duration(returned)} returned" if returned >= 0.5 else "")

@@ -126,20 +126,28 @@ class Search:
         self.budget.start()
         self.tick()
         self.emit(BudgetStarted(budget_s=self.budget.total_s, spent_s=self.budget.elapsed_s()))
-        ready: list[bool] = []
-        self._off_main([lambda: ready.append(self._baseline_first())])
-        if not ready or not ready[0]:
-            return
-        with self._lock:  # a resumed study: --patience counts from the best it already has
-            self._best = max((throughput(t) for t in complete(self.study)), default=None)
-        if self.screening is not None:
-            self._off_main([self._first_look])
-        self._off_main([lambda r=r: self._trials_on(r) for r in self.runners])
+        with self.budget.phase("search"):  # the baseline and the first measurement included
+            if not self._search():
+                return
         if self.stop is None:  # every thread found the budget spent
             self._stopped("budget", "the budget is spent")
         assert self.stop is not None
         self.emit(Note(self.stop.line()))
         save(self.study, self.stop)
+
+    def _search(self) -> bool:
+        """The baseline, the first measurement, the trials (``run``); False when the budget
+        ran out before the baseline."""
+        ready: list[bool] = []
+        self._off_main([lambda: ready.append(self._baseline_first())])
+        if not ready or not ready[0]:
+            return False
+        with self._lock:  # a resumed study: --patience counts from the best it already has
+            self._best = max((throughput(t) for t in complete(self.study)), default=None)
+        if self.screening is not None:
+            self._off_main([self._first_look])
+        self._off_main([lambda r=r: self._trials_on(r) for r in self.runners])
+        return True
 
     def _stopped(self, kind: str, why: str, kept_s: float = 0.0) -> None:
         """Record the first reason the search stops (later threads find it set)."""

@@ -19,6 +19,7 @@ own comparison stays in the warm pool, where more rounds fit.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -176,9 +177,10 @@ def revalidate(
     )
     save(study, record)  # kept whatever stops the comparison with the job as it runs today
     arms = {k: trials[k] for k in ("baseline", v.winner)}
-    today = against_today(
-        measure, emit, arms, rounds=rounds, rerun=rerun, defaults=defaults, budget=budget
-    )
+    with contextlib.nullcontext() if budget is None else budget.phase("as today"):
+        today = against_today(
+            measure, emit, arms, rounds=rounds, rerun=rerun, defaults=defaults, budget=budget
+        )
     return record if today is None else _with_today(study, record, today, emit)
 
 

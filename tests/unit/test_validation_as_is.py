@@ -6,6 +6,7 @@ set throughputs; tests/integration/test_validation.py runs the same through real
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from dataclasses import replace
@@ -249,6 +250,7 @@ def test_where_the_job_today_cannot_be_measured_the_record_says_why(stand, budge
         budget = SimpleNamespace(
             as_is_rounds=lambda arms: budget_rounds,
             as_is_left_out=lambda arms: "not measured: left out, why",
+            phase=lambda name: contextlib.nullcontext(),
         )
     _, record, _ = run_revalidation(stand, budget=budget)
     assert record is not None and record.as_is is not None
@@ -384,10 +386,16 @@ def test_the_run_s_summary_prints_the_line():
         best=None,
         profile_path=None,
         storage_url="sqlite:///x.db",
+        budget_s=300.0,
+        ledger=[("start-up", 12.0), ("search", 200.0), ("as today", 40.0), ("returned", 48.0)],
     )
     main._print_summary(console, summary)
     text = console.export_text()
     assert f"As today   {record.as_is.line(record.speedup)}" in text
+    assert (
+        "Budget     5m: start-up 12s, search 3m20s, as today 40s (4m12s in all); 48s returned"
+        in text
+    )
 
 
 def test_an_interrupt_while_measuring_the_job_today_keeps_the_revalidation_s_choice():
