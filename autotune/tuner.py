@@ -45,6 +45,7 @@ from autotune.core.errors import (
     note_terminated,
     raise_terminated,
 )
+from autotune.core.knobs import KNOBS
 from autotune.core.target import Target
 from autotune.definition.durations import format_duration
 from autotune.definition.paths import check_study_name, check_writable, file_stem
@@ -295,8 +296,19 @@ def _search_and_conclude(
         # 6-7. Re-measure the best few against the baseline; keep only what carries the gain.
         run.conclude()
         if d.limit and not d.command:  # script mode: the first measurement only
+            # the advice never names a knob this space could not move (the hardware has no
+            # bf16 units, the backend has no such hook, the user's space left it out)
+            unsearched = frozenset(KNOBS) - set(run.space.distributions)
             with run.budget.phase("limit"):
-                _limit(run.study, d, run.measure, limit_dir, emit, device=target.device)
+                _limit(
+                    run.study,
+                    d,
+                    run.measure,
+                    limit_dir,
+                    emit,
+                    device=target.device,
+                    unsearched=unsearched,
+                )
     except KeyboardInterrupt as e:
         _interrupted(summary, e, emit)
         search.record_stop("interrupted", f"interrupted ({interrupted_by(e)})")
@@ -328,8 +340,10 @@ def _limit(
     trace_dir: Path,
     emit: Emit,
     device: str = "cpu",
+    unsearched: frozenset[str] = frozenset(),
 ) -> None:
-    """Probe the defaults and the configuration the profile will export (when it differs)."""
+    """Probe the defaults and the configuration the profile will export (when it differs);
+    the advice names no knob of ``unsearched``."""
     base = baseline_trial(study)
     if base is None or base.state != optuna.trial.TrialState.COMPLETE:
         return
@@ -351,7 +365,7 @@ def _limit(
         free_batch=d.free_batch,
         emit=emit,
         device=device,
-        ruled_out=ruled_out(study),
+        ruled_out=ruled_out(study) | unsearched,
     )
 
 

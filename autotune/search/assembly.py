@@ -40,6 +40,7 @@ from autotune.search.ablation import ablate
 from autotune.search.budget import Budget
 from autotune.search.loop import Search
 from autotune.search.objective import Objective
+from autotune.search.stop import reserve_for
 from autotune.search.validation import revalidate
 
 __all__ = ["Assembly", "assemble"]
@@ -58,6 +59,11 @@ class Assembly:
     search: Search
     emit: Emit
 
+    def ablate_planned(self) -> int:
+        """Knobs the ablation of the best candidate would take (``stop.reserve_for``): the
+        re-validation leaves its share of the budget."""
+        return reserve_for(self.study, self.space.baseline_params(), self.definition)[1]
+
     def conclude(self) -> None:
         """What follows the search: re-validate the best few against the baseline,
         interleaved (``validation.revalidate``), then ablate the winner
@@ -66,7 +72,7 @@ class Assembly:
             checked = revalidate(
                 study=self.study,
                 definition=self.definition,
-                plan=self.budget.validation_plan(),
+                plan=self.budget.validation_plan(ablate=self.ablate_planned()),
                 measure=self.measure,
                 emit=self.emit,
                 defaults=self.space.defaults(),

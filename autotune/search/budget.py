@@ -22,6 +22,9 @@ __all__ = ["MAX_ROUNDS", "Budget", "budget_line", "rounds_to_tell", "validation_
 
 #: Most interleaved rounds the re-validation grows to when the budget has room for them.
 MAX_ROUNDS = 10
+#: Rounds the reserve keeps for the ablation of a winner changing two or more knobs, at most
+#: (``ablation.ablate`` needs 2; the re-validation's rounds when fewer).
+ABLATION_ROUNDS = 3
 #: Re-validation-sized runs kept at the end for the limit probes (the defaults, the winner).
 LIMIT_RUNS = 2
 #: The most of the budget kept for them.
@@ -186,13 +189,15 @@ class Budget:
             wall = statistics.median(self._walls)
             return wall, statistics.median(self._rerun_walls) if self._rerun_walls else wall
 
-    def validation_plan(self) -> tuple[int, int] | None:
+    def validation_plan(self, ablate: int = 0) -> tuple[int, int] | None:
         """(candidates, rounds) of the re-validation at the end of the run; None when no
         trial has ended yet or re-validation does not fit (``validation_plan``). Asked once
-        the search has stopped, the plan also fits the budget left (less the limit probes):
-        fewer candidates first, then fewer rounds (at least 2), else None - the search keeps
-        room only for candidates it judged worth it (``search.Search``), and a budget is
-        kept, not overrun."""
+        the search has stopped, the plan takes the budget left less what follows it (the
+        comparison with the job as it runs today where planned, the ablation of ``ablate``
+        knobs, the limit probes): fewer candidates first, then fewer rounds (at least 2),
+        else None - a budget is kept, not overrun; and where that room holds more rounds
+        than planned, more rounds (up to ``MAX_ROUNDS``): what the search left unspent goes
+        to the precision of the result, not back unused."""
         medians = self._medians()
         if medians is None:
             return None
@@ -200,11 +205,24 @@ class Budget:
         plan = validation_plan(self.d, self.total_s, run)
         if plan is None:
             return None
-        room = self.left_s() - self.limit_reserve_s(run)
+        room = self.left_s() - self.limit_reserve_s(run) - self._ablation_s(ablate, plan[1], run)
         if self.as_is_planned():  # what follows the re-validation keeps its share
             room -= self.as_is_s() or 0.0
         top, rounds = _shrunk(*plan, run, room)
-        return (top, rounds) if (top + 1) * rounds * run <= room else None
+        if (top + 1) * rounds * run > room:
+            return None
+        while rounds < MAX_ROUNDS and (top + 1) * (rounds + 1) * run <= room:
+            rounds += 1
+        return top, rounds
+
+    @staticmethod
+    def _ablation_s(knobs: int, rounds: int, run_wall_s: float) -> float:
+        """Seconds the plan keeps for the ablation of a winner changing ``knobs`` knobs:
+        ``ablation_runs`` a round over the re-validation's ``rounds``, at most
+        ``ABLATION_ROUNDS``; none for fewer than two knobs (one knob is its own re-validation)."""
+        if knobs < 2:
+            return 0.0
+        return ablation_runs(knobs) * min(rounds, ABLATION_ROUNDS) * run_wall_s
 
     def ablation_rounds(self, knobs: int) -> int:
         """Rounds of the ablation of a winner changing ``knobs`` knobs (``ablation_runs`` per
@@ -292,14 +310,13 @@ class Budget:
             return 0.0
         run = medians[1]
         plan = validation_plan(self.d, self.total_s, run)
-        runs, fresh = 0, 0.0
+        runs, after = 0, 0.0
         if plan is not None and to_revalidate:
             n = plan[1] if rounds is None else min(plan[1], rounds)
             runs = (min(to_revalidate, plan[0]) + 1) * n
-            if ablate >= 2:
-                runs += ablation_runs(ablate) * n
-            fresh = (self.as_is_s() or 0.0) if self.as_is_planned() else 0.0
-        return run * runs + fresh + self.limit_reserve_s(run)
+            after = self._ablation_s(ablate, n, run)
+            after += (self.as_is_s() or 0.0) if self.as_is_planned() else 0.0
+        return run * runs + after + self.limit_reserve_s(run)
 
     def room_for_another(
         self, *, to_revalidate: int, ablate: int = 0, rounds: int | None = None

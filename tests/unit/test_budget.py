@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.definition.studydef import StudyDefinition
-from autotune.search.budget import Budget, validation_plan
+from autotune.search.budget import MAX_ROUNDS, Budget, validation_plan
 
 
 def plan(budget_s, wall_s, top=3, rounds=5):
@@ -72,8 +72,10 @@ def test_asking_never_changes_the_budget():
     b = budget(600)
     b.trial_done(6.0, rerun_wall_s=6.0)
     answers = [(b.validation_plan(), b.room_for_another(to_revalidate=3)) for _ in range(3)]
-    assert answers == [((3, 8), True)] * 3  # the plan of the (600, 6) case above
-    assert b.validation_plan() == validation_plan(b.d, 600, 6.0)
+    # the plan of the (600, 6) case above is (3, 8); asked with the whole budget left, the
+    # end would grow its rounds into the room (up to MAX_ROUNDS)
+    assert validation_plan(b.d, 600, 6.0) == (3, 8)
+    assert answers == [((3, MAX_ROUNDS), True)] * 3
 
 
 def test_room_for_a_trial_keeps_the_revalidation_when_something_beat_the_baseline():
@@ -127,9 +129,28 @@ def test_the_reserve_is_what_room_for_another_keeps():
     assert b.trial_s() == 6.0
     one = b.reserve_s(to_revalidate=1)
     assert one == pytest.approx(2 * 8 * 6 + b.limit_reserve_s(6.0))
-    assert b.reserve_s(to_revalidate=1, ablate=2) == pytest.approx(one + 3 * 8 * 6)
+    # the ablation of 2 knobs: 3 runs a round over at most ABLATION_ROUNDS (3) rounds
+    assert b.reserve_s(to_revalidate=1, ablate=2) == pytest.approx(one + 3 * 3 * 6)
     assert b.reserve_s(to_revalidate=0) == pytest.approx(b.limit_reserve_s(6.0))
     now[0] = 600 - (6.0 + one)  # exactly a trial and the reserve left
     assert b.room_for_another(to_revalidate=1)
     now[0] += 1.0
     assert not b.room_for_another(to_revalidate=1)
+
+
+def test_what_the_search_leaves_goes_to_more_rounds_and_what_follows_keeps_its_share():
+    """The README's 3-minute run stopped with 84 s left and 224 s kept, re-validated in 54 s
+    and returned 24 s: the end now takes the room left, less what follows the re-validation."""
+    now = [0.0]
+    d = StudyDefinition(name="t", budget_s=180, validate_top=3, validate_rounds=5)
+    b = Budget(d, clock=lambda: now[0])
+    b.trial_done(4.0, rerun_wall_s=3.5)
+    assert validation_plan(d, 180, 3.5) == (2, 5)  # a third of the budget
+    now[0] = 180 - 84  # 84 s left
+    limit = b.limit_reserve_s(3.5)
+    top, rounds = b.validation_plan()
+    assert (top, rounds) == (2, 7) and (top + 1) * rounds * 3.5 <= 84 - limit
+    assert (top + 1) * (rounds + 1) * 3.5 > 84 - limit  # every round the room holds
+    # an ablation of 3 knobs to follow: its 6 runs a round over 3 rounds stay free
+    top, rounds = b.validation_plan(ablate=3)
+    assert (top + 1) * rounds * 3.5 <= 84 - limit - 6 * 3 * 3.5
