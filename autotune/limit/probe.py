@@ -51,7 +51,14 @@ from autotune.core.errors import FailureReason, TrialFailed
 from autotune.core.values import nbytes, number, seconds, speedup
 from autotune.limit.evidence import COMM_BOUND_SHARE, DATA_BOUND_SHARE, Evidence
 from autotune.record import trial as tr
-from autotune.record.attrs import FirstMeasurement, LimitRecord, load, load_screening, save
+from autotune.record.attrs import (
+    AblationRecord,
+    FirstMeasurement,
+    LimitRecord,
+    load,
+    load_screening,
+    save,
+)
 from autotune.record.study import anchored_speedups, baseline_trial
 from autotune.record.typed import RecordError
 from autotune.report.events import Emit, Note
@@ -211,10 +218,13 @@ def _untried(
 
 
 def no_gain(study: optuna.Study) -> frozenset[str]:
-    """The knobs the run's screening measured as no gain: a screened prior that did not help,
-    or whose speedup's 95 % interval does not clear 1.0 (``helps`` within its own noise). The
-    advice never names their family."""
+    """The knobs the run measured as no gain: a screened prior that did not help, or whose
+    speedup's 95 % interval does not clear 1.0 (``helps`` within its own noise), and a knob
+    the ablation dropped from the winner. The advice never names their family."""
     out: set[str] = set()
+    with contextlib.suppress(RecordError):
+        if (ablation := load(study, AblationRecord)) is not None:
+            out.update(ablation.dropped)
     with contextlib.suppress(RecordError):
         for s in (load_screening(study) or {}).values():
             if s.state not in ("COMPLETE", "PRUNED"):

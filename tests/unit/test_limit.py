@@ -391,3 +391,31 @@ def test_a_traced_probe_whose_rank_crashed_is_taken_again_without_the_trace(tmp_
     with pytest.raises(TrialFailed, match="no result"):
         probe_one(times_out, 0, TrialConfig(), trace=trace)
     assert asked == [str(trace)]  # not taken again: only a crash is the profiler's
+
+
+def test_a_knob_the_ablation_dropped_is_no_gain_for_the_advice():
+    """The README's run: 5 MB buckets helped in the screening (1.04x) and the ablation dropped
+    them (1.045x, interval 0.865-1.262): the advice then said 'next: smaller buckets'."""
+    from autotune.record.attrs import AblationRecord, Contribution, save
+
+    study = optuna.create_study(direction="maximize")
+    assert no_gain(study) == frozenset()
+    save(
+        study,
+        AblationRecord(
+            trial=7,
+            rounds=3,
+            order=["winner", "without bucket_cap_mb"],
+            measurements={"winner": [802.0], "without bucket_cap_mb": [836.9]},
+            contributions={
+                "bucket_cap_mb": Contribution(value=5.0, kept=False, speedup=[0.87, 1.05, 1.26]),
+                "precision": Contribution(value="bf16", kept=True, speedup=[1.15, 1.21, 1.28]),
+            },
+            dropped=["bucket_cap_mb"],
+            together=False,
+            joint=None,
+            params={"precision": "bf16"},
+            config={"precision": "bf16"},
+        ),
+    )
+    assert no_gain(study) == {"bucket_cap_mb"}
