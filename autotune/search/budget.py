@@ -194,7 +194,9 @@ class Budget:
         trial has ended yet or re-validation does not fit (``validation_plan``). Asked once
         the search has stopped, the plan takes the budget left less what follows it (the
         comparison with the job as it runs today where planned, the ablation of ``ablate``
-        knobs, the limit probes): fewer candidates first, then fewer rounds (at least 2),
+        knobs, the limit probes; the first two only where one candidate over two rounds still
+        fits beside them: the choice comes first): fewer candidates first, then fewer rounds
+        (at least 2),
         else None - a budget is kept, not overrun; and where that room holds more rounds
         than planned, more rounds (up to ``MAX_ROUNDS``): what the search left unspent goes
         to the precision of the result, not back unused."""
@@ -205,9 +207,12 @@ class Budget:
         plan = validation_plan(self.d, self.total_s, run)
         if plan is None:
             return None
-        room = self.left_s() - self.limit_reserve_s(run) - self._ablation_s(ablate, plan[1], run)
-        if self.as_is_planned():  # what follows the re-validation keeps its share
-            room -= self.as_is_s() or 0.0
+        room = self.left_s() - self.limit_reserve_s(run)
+        after = self._ablation_s(ablate, plan[1], run)  # what follows keeps its share...
+        if self.as_is_planned():
+            after += self.as_is_s() or 0.0
+        if (1 + 1) * 2 * run <= room - after:  # ...unless the choice itself would not fit
+            room -= after
         top, rounds = _shrunk(*plan, run, room)
         if (top + 1) * rounds * run > room:
             return None

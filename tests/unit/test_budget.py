@@ -154,3 +154,18 @@ def test_what_the_search_leaves_goes_to_more_rounds_and_what_follows_keeps_its_s
     # an ablation of 3 knobs to follow: its 6 runs a round over 3 rounds stay free
     top, rounds = b.validation_plan(ablate=3)
     assert (top + 1) * rounds * 3.5 <= 84 - limit - 6 * 3 * 3.5
+
+
+def test_the_choice_comes_first_when_what_follows_would_leave_it_no_room():
+    """A replayed 5-minute lab run screened past its reserve (a prior beyond the noise was
+    untried) and stopped with 156 s left: the ablation's share (135 s) left the re-validation
+    no room, and the run exported its search's best unchecked, with 156 s unused."""
+    now = [0.0]
+    d = StudyDefinition(name="t", budget_s=300, validate_top=3, validate_rounds=5)
+    b = Budget(d, clock=lambda: now[0])
+    b.trial_done(15.0, rerun_wall_s=15.0)
+    now[0] = 300 - 156
+    assert Budget._ablation_s(2, 5, 15.0) == 135.0
+    plan = b.validation_plan(ablate=2)
+    assert plan is not None and plan[0] >= 1 and plan[1] >= 2
+    assert (plan[0] + 1) * plan[1] * 15.0 <= 156 - b.limit_reserve_s(15.0)
