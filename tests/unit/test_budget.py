@@ -129,8 +129,8 @@ def test_the_reserve_is_what_room_for_another_keeps():
     assert b.trial_s() == 6.0
     one = b.reserve_s(to_revalidate=1)
     assert one == pytest.approx(2 * 8 * 6 + b.limit_reserve_s(6.0))
-    # the ablation of 2 knobs: 3 runs a round over at most ABLATION_ROUNDS (3) rounds
-    assert b.reserve_s(to_revalidate=1, ablate=2) == pytest.approx(one + 3 * 3 * 6)
+    # the ablation of 2 knobs: 3 runs a round over the plan's 8 rounds, at most ABLATION_ROUNDS
+    assert b.reserve_s(to_revalidate=1, ablate=2) == pytest.approx(one + 3 * 6 * 6)
     assert b.reserve_s(to_revalidate=0) == pytest.approx(b.limit_reserve_s(6.0))
     now[0] = 600 - (6.0 + one)  # exactly a trial and the reserve left
     assert b.room_for_another(to_revalidate=1)
@@ -151,21 +151,21 @@ def test_what_the_search_leaves_goes_to_more_rounds_and_what_follows_keeps_its_s
     top, rounds = b.validation_plan()
     assert (top, rounds) == (2, 7) and (top + 1) * rounds * 3.5 <= 84 - limit
     assert (top + 1) * (rounds + 1) * 3.5 > 84 - limit  # every round the room holds
-    # an ablation of 3 knobs to follow: its 6 runs a round over 3 rounds stay free
-    top, rounds = b.validation_plan(ablate=3)
-    assert (top + 1) * rounds * 3.5 <= 84 - limit - 6 * 3 * 3.5
+    # an ablation of 2 knobs to follow: its 3 runs a round over the plan's 5 rounds stay free
+    top, rounds = b.validation_plan(ablate=2)
+    assert (top + 1) * rounds * 3.5 <= 84 - limit - 3 * 5 * 3.5
 
 
 def test_the_choice_comes_first_when_what_follows_would_leave_it_no_room():
     """A replayed 5-minute lab run screened past its reserve (a prior beyond the noise was
-    untried) and stopped with 156 s left: the ablation's share (135 s) left the re-validation
+    untried) and stopped with 156 s left: the ablation's share (225 s) left the re-validation
     no room, and the run exported its search's best unchecked, with 156 s unused."""
     now = [0.0]
     d = StudyDefinition(name="t", budget_s=300, validate_top=3, validate_rounds=5)
     b = Budget(d, clock=lambda: now[0])
     b.trial_done(15.0, rerun_wall_s=15.0)
     now[0] = 300 - 156
-    assert Budget._ablation_s(2, 5, 15.0) == 135.0
+    assert Budget._ablation_s(2, 5, 15.0) == 225.0  # 3 runs x 5 rounds x 15 s
     plan = b.validation_plan(ablate=2)
     assert plan is not None and plan[0] >= 1 and plan[1] >= 2
     assert (plan[0] + 1) * plan[1] * 15.0 <= 156 - b.limit_reserve_s(15.0)
