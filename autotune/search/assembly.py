@@ -59,10 +59,11 @@ class Assembly:
     search: Search
     emit: Emit
 
-    def ablate_planned(self) -> int:
-        """Knobs the ablation of the best candidate would take (``stop.reserve_for``): the
-        re-validation leaves its share of the budget."""
-        return reserve_for(self.study, self.space.baseline_params(), self.definition)[1]
+    def ablate_planned(self) -> tuple[int, int | None]:
+        """Knobs the ablation of the best candidate would take, and the rounds the reserve
+        sized it for (``stop.reserve_for``): the re-validation leaves that share."""
+        _, knobs, rounds = reserve_for(self.study, self.space.baseline_params(), self.definition)
+        return knobs, rounds
 
     def conclude(self) -> None:
         """What follows the search: re-validate the best few against the baseline,
@@ -72,7 +73,7 @@ class Assembly:
             checked = revalidate(
                 study=self.study,
                 definition=self.definition,
-                plan=self.budget.validation_plan(ablate=self.ablate_planned()),
+                plan=self.budget.validation_plan(*self.ablate_planned()),
                 measure=self.measure,
                 emit=self.emit,
                 defaults=self.space.defaults(),

@@ -186,12 +186,13 @@ class Budget:
             wall = statistics.median(self._walls)
             return wall, statistics.median(self._rerun_walls) if self._rerun_walls else wall
 
-    def validation_plan(self, ablate: int = 0) -> tuple[int, int] | None:
+    def validation_plan(self, ablate: int = 0, rounds: int | None = None) -> tuple[int, int] | None:
         """(candidates, rounds) of the re-validation at the end of the run; None when no
         trial has ended yet or re-validation does not fit (``validation_plan``). Asked once
         the search has stopped, the plan takes the budget left less what follows it (the
         comparison with the job as it runs today where planned, the ablation of ``ablate``
-        knobs, the limit probes; the first two only where one candidate over two rounds still
+        knobs over ``rounds`` rounds at most, as the reserve kept them (``reserve_s``), the
+        limit probes; the first two only where one candidate over two rounds still
         fits beside them: the choice comes first): fewer candidates first, then fewer rounds
         (at least 2),
         else None - a budget is kept, not overrun; and where that room holds more rounds
@@ -205,7 +206,8 @@ class Budget:
         if plan is None:
             return None
         room = self.left_s() - self.limit_reserve_s(run)
-        after = self._ablation_s(ablate, plan[1], run)  # what follows keeps its share...
+        n = plan[1] if rounds is None else min(plan[1], rounds)
+        after = self._ablation_s(ablate, n, run)  # what follows keeps its share...
         if self.as_is_planned():
             after += self.as_is_s() or 0.0
         if (1 + 1) * 2 * run <= room - after:  # ...unless the choice itself would not fit
@@ -282,6 +284,8 @@ class Budget:
     def as_is_left_out(self, arms: int) -> str:
         """Why the comparison with the job as it runs today is not measured (``as_is_rounds``
         gave 0), with the budget that would hold it."""
+        if not self.as_is_planned():  # as planned: with the winner's arm
+            arms = self.as_is_arms
         need = self.as_is_s(arms) or 0.0
         runs = f"{AS_IS_ROUNDS} rounds of its {arms} runs in new processes (about {need:.0f} s)"
         if not self.as_is_planned():

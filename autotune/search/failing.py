@@ -8,7 +8,8 @@ each spent its whole timeout.
 
 The rule: a value away from the defaults (``knob=value``) is *known failing* once at least
 ``FAILS_TO_DROP`` trials with it failed for a reason about their configuration
-(``FailureReason.learned``) and no trial with it was ever measured (COMPLETE or PRUNED: it
+(``FailureReason.learned``, less ``illegal``: a rule about a combination, nothing ran) and no
+trial with it was ever measured (COMPLETE or PRUNED: it
 runs, whatever its speed). A trial the sampler proposes with such a value is not run: it is
 recorded FAIL ``known_failing`` at once, naming the value and the failures, so the sampler
 moves further away; the run says so in one line the first time each value is dropped. The
@@ -54,7 +55,8 @@ def known_failing(
     moved = {k: v for k, v in params.items() if k in defaults and defaults[k] != v}
     if not moved:
         return None
-    learned = learned_reasons() - {FailureReason.KNOWN_FAILING.value}
+    # a combination rule (illegal) never ran the value; not run (known_failing) proves nothing new
+    learned = learned_reasons() - {FailureReason.KNOWN_FAILING.value, FailureReason.ILLEGAL.value}
     failed: dict[str, Counter[str]] = {k: Counter() for k in moved}
     ran: set[str] = set()
     for t in study.get_trials(deepcopy=False):

@@ -66,6 +66,9 @@ from autotune.search.stop import Convergence, reserve_for
 
 __all__ = ["ANCHOR_EVERY", "BASELINE_POLL_S", "Search"]
 
+#: Trials recorded without running (``search.failing``): not counted as trials run.
+KNOWN = FailureReason.KNOWN_FAILING.value
+
 #: Seconds between looks at a baseline another driver is running.
 BASELINE_POLL_S = 2.0
 #: Trials between two runs of the defaults (``Search._reanchor``).
@@ -242,7 +245,7 @@ class Search:
     def _count(self, trial: optuna.trial.FrozenTrial) -> None:
         """``trial`` has ended: count it for ``--n-trials`` and ``--patience`` (a trial not run,
         its value known failing, is not counted: ``search.failing``)."""
-        if trial.state == TrialState.FAIL and tr.reason(trial) == FailureReason.KNOWN_FAILING:
+        if trial.state == TrialState.FAIL and tr.reason(trial) == KNOWN:
             return
         value = trial.values[0] if trial.state == TrialState.COMPLETE and trial.values else None
         with self._lock:
@@ -310,12 +313,11 @@ class Search:
 
     def _partners_first(self, left: float, wall: float, kept: float) -> bool:
         """Whether the screened helpers' combination is the next trial, the last the budget
-        holds with ``kept`` seconds kept after it: it is due (``Screening.partners_due``) and
+        holds with ``kept`` seconds kept after it: it is due (``Screening.claim_partners``) and
         comes before the run of the defaults that closes the screening, said in one line."""
         s = self.screening
-        if s is None or s.hurry or left < wall + kept or not s.partners_due():
+        if s is None or left < wall + kept or not s.claim_partners():
             return False
-        s.hurry = True
         self.emit(
             Note(
                 f"The screened helpers' combination runs next, before the search stops: "
@@ -381,7 +383,7 @@ class Search:
             if any(not t.state.is_finished() for t in marked):
                 return  # one is queued or running
             last = max((t.number for t in marked), default=-1)
-            since = [t for t in trials if t.number > last]
+            since = [t for t in trials if t.number > last and tr.reason(t) != KNOWN]
             if sum(t.state.is_finished() for t in since) >= ANCHOR_EVERY:
                 enqueue_anchor(self.study, self.space, f"every {ANCHOR_EVERY} trials")
 

@@ -147,7 +147,8 @@ class Objective:
         if not self.d.multi_objective:  # Optuna takes no intermediate values there
             for i, w in enumerate(result.windows):
                 trial.report(w, i)  # the dashboard's intermediate values: one per window
-        self.budget.trial_done(self.budget.now() - t0, self._rerun_s(result))
+        hopeless = result.ranks[0].stop == "hopeless"  # one-step windows: no rerun estimate
+        self.budget.trial_done(self.budget.now() - t0, None if hopeless else self._rerun_s(result))
         if drifted is not None:  # over pruning too: the more telling verdict
             self._fail(trial, drifted, changes)
             raise drifted
@@ -268,7 +269,7 @@ class Objective:
             f"{value} failed in all {fails} earlier trials with it ({reasons})",
         )
         tr.save_wall(trial, 0.0)
-        self._fail(trial, failure, changes)
+        tr.save_failure(trial, failure)  # said once per value above, not once per trial
         return failure
 
     def _fail(self, trial: optuna.Trial, failure: TrialFailed, changes: dict) -> None:

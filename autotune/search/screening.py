@@ -297,18 +297,22 @@ class Screening:
         #: The first measurement (``Search`` sets it once the probe after the baseline ran).
         self.evidence: Evidence | None = None
         #: Set by ``Search`` when the budget holds the combination but not the run of the
-        #: defaults before it (``partners_due``): the screening closes without that run.
+        #: defaults before it (``claim_partners``): the screening closes without that run.
         self.hurry = False
 
-    def partners_due(self) -> bool:
-        """Whether every planned prior is screened, two or more helped and their combination
-        is not queued yet: the trial worth running before the search stops (a lever's
-        partners measured together; the defaults' run that closes the screening can wait)."""
+    def claim_partners(self) -> bool:
+        """Close the screening without its run of the defaults (``hurry``) when the helpers'
+        combination is due: every planned prior screened and ended, two or more helped, and
+        neither that run nor the combination queued yet - the trial worth running before the
+        search stops (a lever's partners measured together). True for the one caller that
+        set it (threads ask at once)."""
         with self._lock:
-            if not self.is_open():
+            if self.hurry or not self.is_open():
                 return False
             trials = self.study.get_trials(deepcopy=False)
             ours = [t for t in trials if _ours(t)]
+            if any(tr.anchor(t) == AGAIN for t in ours):  # queued, running or done: it stays
+                return False
             done = {tr.screen_label(t) for t in ours}
             if any(p.prior.label not in done for p in plan(self.space, self.evidence)[0]):
                 return False
@@ -316,7 +320,8 @@ class Screening:
             if not screened or any(not t.state.is_finished() for t in screened):
                 return False
             kept, moves = _combine(self._summary(screened))
-            return len(kept) >= 2 and moved(self.space, moves) is not None
+            self.hurry = len(kept) >= 2 and moved(self.space, moves) is not None
+            return self.hurry
 
     def is_open(self) -> bool:
         """Whether the screening is still going on (its effects not summarised yet)."""

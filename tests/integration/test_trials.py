@@ -105,35 +105,29 @@ def test_a_rank_that_raises_fails_the_trial_with_its_first_error_line(runner):
 def test_a_trial_clearly_below_the_incumbent_is_pruned_with_its_partial_numbers(runner):
     from autotune.core.stats import Interval
 
+    def against(incumbent, measure=QUICK):
+        return runner.run(
+            trial=1,
+            trainer=TRAINER,
+            trainer_options={},
+            config=config(),
+            measure=measure,
+            seed=0,
+            timeout_s=120,
+            incumbent=incumbent,
+        )
+
     base = run(runner, config())
     far_above = Interval(
         median=base.throughput * 10, low=base.throughput * 9, high=base.throughput * 11, n=5
     )
-    windows_only = replace(QUICK, hopeless_factor=1000.0)  # the warm-up's rule out of the way
-    res = runner.run(
-        trial=1,
-        trainer=TRAINER,
-        trainer_options={},
-        config=config(),
-        measure=windows_only,
-        seed=0,
-        timeout_s=120,
-        incumbent=far_above,
-    )
+    # the warm-up's rule out of the way: the windows' rule prunes
+    res = against(far_above, replace(QUICK, hopeless_factor=1000.0))
     assert res.pruned and res.ranks[0].stop == "pruned"
     assert len(res.windows) == QUICK.prune_after  # stopped as soon as the rule may act
     assert res.interval.high < far_above.low
     # 9x below the incumbent is hopeless already in warm-up: pruned at its 6th step
-    res = runner.run(
-        trial=3,
-        trainer=TRAINER,
-        trainer_options={},
-        config=config(),
-        measure=QUICK,
-        seed=0,
-        timeout_s=120,
-        incumbent=far_above,
-    )
+    res = against(far_above)
     assert res.pruned and res.ranks[0].stop == "hopeless"
     assert (res.ranks[0].warmup_steps, len(res.windows), res.ranks[0].measure_s) == (6, 3, 0.0)
     assert res.interval.high < far_above.low
@@ -142,17 +136,7 @@ def test_a_trial_clearly_below_the_incumbent_is_pruned_with_its_partial_numbers(
     near = Interval(
         median=base.throughput * 0.9, low=base.throughput * 0.6, high=base.throughput * 1.2, n=5
     )
-    res = runner.run(
-        trial=2,
-        trainer=TRAINER,
-        trainer_options={},
-        config=config(),
-        measure=QUICK,
-        seed=0,
-        timeout_s=120,
-        incumbent=near,
-    )
-    assert not res.pruned
+    assert not against(near).pruned
 
 
 def test_the_ranks_see_torchruns_variables_for_the_trials_process_group(runner, tmp_path):

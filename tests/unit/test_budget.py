@@ -169,3 +169,19 @@ def test_the_choice_comes_first_when_what_follows_would_leave_it_no_room():
     plan = b.validation_plan(ablate=2)
     assert plan is not None and plan[0] >= 1 and plan[1] >= 2
     assert (plan[0] + 1) * plan[1] * 15.0 <= 156 - b.limit_reserve_s(15.0)
+
+
+def test_the_end_keeps_the_ablation_the_share_the_reserve_kept_for_it():
+    """The reserve sizes the ablation at the rounds the best candidate's gain needs (3 here),
+    not the plan's 8: the end keeps that share, so the re-validation does not take it all."""
+    now = [0.0]
+    d = StudyDefinition(name="t", budget_s=600, validate_top=3, validate_rounds=5)
+    b = Budget(d, clock=lambda: now[0])
+    b.trial_done(6.0, rerun_wall_s=6.0)  # plan (3, 8)
+    kept = b.reserve_s(to_revalidate=1, ablate=3, rounds=3)
+    now[0] = 600 - kept  # the search stopped with exactly the reserve left
+    top, rounds = b.validation_plan(ablate=3, rounds=3)
+    ablation = 6 * 3 * 6.0  # 6 runs a round (3 knobs), 3 rounds, 6 s each
+    assert (top + 1) * rounds * 6.0 <= kept - b.limit_reserve_s(6.0) - ablation
+    now[0] += (top + 1) * rounds * 6.0
+    assert b.ablation_rounds(3) >= 2  # the ablation still runs

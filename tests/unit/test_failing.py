@@ -72,3 +72,10 @@ def test_the_trials_autotune_queues_itself_always_run():
     assert queued_by_design(trial(combination=["a", "b"]))
     assert queued_by_design(trial(fold="a"))
     assert not queued_by_design(trial())
+
+
+def test_a_combination_rule_never_ran_the_value_and_does_not_count_against_it():
+    study = optuna.create_study(direction="maximize")
+    for _ in range(3):  # illegal: a rule about the combination, known before anything ran
+        add(study, TrialState.FAIL, "illegal", precision="bf16", num_workers=2)
+    assert known_failing(study, {"precision": "bf16"}, DEFAULTS) is None
