@@ -222,6 +222,11 @@ class MeasureSettings:
             if v < floor:
                 of = f"{floor}" if isinstance(low, int) else f"{low} ({floor})"
                 raise ConfigError(f"{name} must be a whole number >= {of}, got {v}")
+        if not self.hopeless_factor > 1:
+            raise ConfigError(
+                f"hopeless_factor must be a number > 1 (times below the incumbent), "
+                f"got {self.hopeless_factor!r}"
+            )
 
     def settle_rule(self) -> Any:
         from autotune.core.stats import SettleRule

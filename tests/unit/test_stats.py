@@ -476,3 +476,13 @@ def test_a_speedup_is_shown_with_its_interval_only_when_it_is_within_25_percent(
     )
     # an unbounded side (None, as stored) is never precise
     assert speedup_interval(1.2, None, 1.3, 3) == "not measured precisely enough (3 rounds)"
+
+
+def test_a_hopeless_factor_of_1_or_less_is_refused_in_one_line_naming_it():
+    from autotune.core.config import MeasureSettings
+    from autotune.core.errors import ConfigError
+
+    for bad in (1, 0.5):
+        with pytest.raises(ConfigError, match=r"^hopeless_factor must be a number > 1 .*got"):
+            MeasureSettings(hopeless_factor=bad)
+    assert MeasureSettings(hopeless_factor=10).prune_rule().hopeless_factor == 10
