@@ -234,14 +234,17 @@ class Budget:
     def ablation_rounds(self, knobs: int) -> int:
         """Rounds of the ablation of a winner changing ``knobs`` knobs (``ablation_runs`` per
         round) that the budget left holds, at most the re-validation's (``ablation.ablate``
-        needs 2). ``ablation_rounds(1)``: rounds of two runs, as the joint check takes."""
+        needs 2), less the limit probes that follow it. ``ablation_rounds(1)``: rounds of two
+        runs, as the joint check takes."""
         medians = self._medians()
         if medians is None:
             return 0
-        plan = validation_plan(self.d, self.total_s, medians[1])  # the rounds aimed for
+        run = medians[1]
+        plan = validation_plan(self.d, self.total_s, run)  # the rounds aimed for
         if plan is None:
             return 0
-        return min(plan[1], int(self.left_s() // (ablation_runs(knobs) * medians[1])))
+        room = self.left_s() - self.limit_reserve_s(run)
+        return max(0, min(plan[1], int(room // (ablation_runs(knobs) * run))))
 
     def fresh_run_s(self) -> float | None:
         """A re-validation run's wall seconds in new processes: the typical run plus the
