@@ -269,7 +269,7 @@ class Objective:
             f"{value} failed in all {fails} earlier trials with it ({reasons})",
         )
         tr.save_wall(trial, 0.0)
-        tr.save_failure(trial, failure)  # said once per value above, not once per trial
+        self._fail(trial, failure, changes)  # a trial of the study: its line and its record
         return failure
 
     def _fail(self, trial: optuna.Trial, failure: TrialFailed, changes: dict) -> None:
