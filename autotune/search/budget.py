@@ -189,15 +189,14 @@ class Budget:
     def validation_plan(self, ablate: int = 0, rounds: int | None = None) -> tuple[int, int] | None:
         """(candidates, rounds) of the re-validation at the end of the run; None when no
         trial has ended yet or re-validation does not fit (``validation_plan``). Asked once
-        the search has stopped, the plan takes the budget left less what follows it (the
+        the search has stopped, the plan takes the budget left less what follows it: the
         comparison with the job as it runs today where planned, the ablation of ``ablate``
-        knobs over ``rounds`` rounds at most, as the reserve kept them (``reserve_s``), the
-        limit probes; the first two only where one candidate over two rounds still
-        fits beside them: the choice comes first): fewer candidates first, then fewer rounds
-        (at least 2),
-        else None - a budget is kept, not overrun; and where that room holds more rounds
-        than planned, more rounds (up to ``MAX_ROUNDS``): what the search left unspent goes
-        to the precision of the result, not back unused."""
+        knobs over ``rounds`` rounds at most (as the reserve kept them, ``reserve_s``), and
+        the limit probes - the first two only where one candidate over two rounds still fits
+        beside them, since the choice comes first. It has fewer candidates first, then fewer
+        rounds (at least 2), else None: a budget is kept, not overrun. Where that room holds
+        more rounds than planned, more rounds (up to ``MAX_ROUNDS``): what the search left
+        unspent goes to the precision of the result, not back unused."""
         medians = self._medians()
         if medians is None:
             return None
@@ -287,11 +286,12 @@ class Budget:
     def as_is_left_out(self, arms: int) -> str:
         """Why the comparison with the job as it runs today is not measured (``as_is_rounds``
         gave 0), with the budget that would hold it."""
-        if not self.as_is_planned():  # as planned: with the winner's arm
+        planned = self.as_is_planned()
+        if not planned:  # as planned: with the winner's arm
             arms = self.as_is_arms
         need = self.as_is_s(arms) or 0.0
         runs = f"{AS_IS_ROUNDS} rounds of its {arms} runs in new processes (about {need:.0f} s)"
-        if not self.as_is_planned():
+        if not planned:
             at_least = format_duration(math.ceil(need / AS_IS_SHARE / 60) * 60)
             return (
                 f"not measured: {runs} would take more than {AS_IS_SHARE:.0%} of the budget; "

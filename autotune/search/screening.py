@@ -313,11 +313,8 @@ class Screening:
             ours = [t for t in trials if _ours(t)]
             if any(tr.anchor(t) == AGAIN for t in ours):  # queued, running or done: it stays
                 return False
-            done = {tr.screen_label(t) for t in ours}
-            if any(p.prior.label not in done for p in plan(self.space, self.evidence)[0]):
-                return False
             screened = [t for t in ours if tr.screen_label(t) is not None]
-            if not screened or any(not t.state.is_finished() for t in screened):
+            if self.untried() or not screened or any(not t.state.is_finished() for t in screened):
                 return False
             kept, moves = _combine(self._summary(screened))
             self.hurry = len(kept) >= 2 and moved(self.space, moves) is not None
