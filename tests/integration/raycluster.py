@@ -32,7 +32,9 @@ def check_run_stopped_by_node_loss(p: subprocess.Popen, out: str, home: Path, st
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     # The node died during a trial or between two (the pooled rank is found dead when the
     # next trial starts): either way that trial is the one that fails, and it is the last.
-    hit = next(t for t in trials if t.state not in (TrialState.COMPLETE, TrialState.PRUNED))
+    states = [(t.number, t.state.name, t.user_attrs.get("reason")) for t in trials]
+    hit = next((t for t in trials if t.state not in (TrialState.COMPLETE, TrialState.PRUNED)), None)
+    assert hit is not None, (states, out)
     assert hit.state == TrialState.FAIL, [(t.number, t.state) for t in trials]
     assert hit.user_attrs["reason"] == "node_lost", hit.user_attrs
     assert "its node was lost" in hit.user_attrs["reason_detail"]

@@ -271,20 +271,30 @@ def _driver_of(lab_exec: int) -> int:
     raise AssertionError(f"no child of {lab_exec}")
 
 
+#: The quick study with a measurement of 8 windows of 1 s and no pruning before the
+#: last: a trial outlives the few seconds between its ranks appearing and the node's kill, so
+#: the kill lands inside a trial and not between two.
+LONG_TRIALS = """
+description: the quick study with long trials, for killing a node mid-trial
+trainer: mlp
+trainer_options: {width: 256, layers: 4, global_batch: 64}
+world_size: 2
+backend: gloo
+space: default
+objective: throughput
+budget: 5m
+sampler: tpe
+seed: 0
+measure: {window_s: 1.0, min_windows: 8, max_windows: 8, prune_after: 8}
+"""
+
+
 def test_a_worker_node_killed_mid_script_trial_fails_it_node_lost(lab2, job, run_env):
     """Last in the module: the lab's worker node is gone afterwards."""
+    (job / "long.yaml").write_text(LONG_TRIALS)
+    home = Path(run_env["AUTOTUNE_HOME"])
     p = subprocess.Popen(
-        run_cmd(
-            "--study",
-            "quick",
-            "--budget",
-            "5m",
-            "--node-wait",
-            "5s",
-            "--quiet",
-            "--study-name",
-            "killed",
-        ),
+        run_cmd("--study", "long.yaml", "--node-wait", "5s", "--quiet", "--study-name", "killed"),
         env=run_env,
         cwd=job,
         stdout=subprocess.PIPE,
@@ -295,11 +305,11 @@ def test_a_worker_node_killed_mid_script_trial_fails_it_node_lost(lab2, job, run
         for line in p.stdout:
             if "samples/s" in line:  # the baseline is measured
                 break
-        assert wait_for(trial_running(run_env["AUTOTUNE_HOME"], "killed"), 120)
+        assert wait_for(trial_running(home, "killed"), 120)
         assert wait_for(lambda: script_pids("atlab-1"), 60), "no rank on the worker node"
         kill_node("atlab-1")  # the whole node: raylet, workers, the script
         out = p.communicate(timeout=240)[0]
     finally:
         p.kill()
-    check_run_stopped_by_node_loss(p, out, Path(run_env["AUTOTUNE_HOME"]), "killed")
+    check_run_stopped_by_node_loss(p, out, home, "killed")
     assert wait_for(lambda: not script_pids("atlab-0"), 30), script_pids("atlab-0")
