@@ -6,9 +6,9 @@
    (``launcher.TrialRunner``), probe the hardware from inside the first;
 3. resolve the space against backend and device (knobs that cannot act are left out, with
    the reason shown and stored on the study);
-4. open or resume the study (``record.study.open_study``): its first trial is the baseline;
+4. open or resume the study (``search.opening.open_study``): its first trial is the baseline;
 5. search until the budget is spent (``search.Search`` over ``objective.Objective`` and
-   ``budget.Budget``, built by ``search.assembly.assemble`` over ``launch.measure.RayMeasurer``);
+   ``budget.Budget``, built by ``search.assembly.assemble`` over ``launch.measurer.RayMeasurer``);
    failed trials are FAIL with a reason, the run goes on;
 6. re-validate the best few against the baseline, interleaved (``validation.revalidate``);
 7. ablate the winner: keep only the knobs whose removal costs more than the noise
@@ -17,7 +17,7 @@
 8. export the profile (``export.export_profile``), also when Ctrl-C, SIGTERM, a lost cluster,
    a failing storage or any other error stopped the run before its budget.
 
-Everything the run has to say goes out as events (``autotune.report.events``) to ``emit``.
+Everything the run has to say goes out as events (``autotune.core.events``) to ``emit``.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from autotune.core.errors import (
     note_terminated,
     raise_terminated,
 )
+from autotune.core.events import Emit, Note, ignore
 from autotune.core.knobs import KNOBS
 from autotune.core.target import Target
 from autotune.definition.durations import format_duration
@@ -54,7 +55,7 @@ from autotune.definition.studydef import StudyDefinition
 from autotune.launch.cluster import RankPlan, RayConnection, connect, plan_ranks
 from autotune.launch.failures import first_line
 from autotune.launch.launcher import PLACEMENT_TIMEOUT_S, TrialRunner
-from autotune.launch.measure import Measurer, RayMeasurer
+from autotune.launch.measurer import Measurer, RayMeasurer
 from autotune.limit.probe import measure_limit
 from autotune.profile.export import export_profile, study_profile
 from autotune.rank.workload import Workload, load_workload
@@ -65,15 +66,15 @@ from autotune.record.study import (
     baseline_value,
     complete,
     counts,
-    open_study,
     throughput,
 )
 from autotune.record.vet import check_studies
-from autotune.report.events import Emit, Note, ignore
 from autotune.report.trackers import Trackers
 from autotune.script.job import ScriptJob, script_job
+from autotune.script.measurer import ScriptMeasurer
 from autotune.script.nodes import check_files
 from autotune.search.assembly import Assembly, assemble
+from autotune.search.opening import open_study
 from autotune.search.screening import ruled_out
 
 __all__ = ["RunRequest", "RunSummary", "run"]
@@ -168,8 +169,13 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
                     f"--placement {d.placement})"
                 )
             )
-        measure = RayMeasurer(study=study, runners=runners, definition=d, target=target)
-        measure.files = files
+        measure: RayMeasurer = (
+            RayMeasurer(study=study, runners=runners, definition=d, target=target)
+            if files is None
+            else ScriptMeasurer(
+                study=study, runners=runners, definition=d, files=files, target=target
+            )
+        )
         run = assemble(
             study=study,
             space=resolved,

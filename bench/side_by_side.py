@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune import tuner
-from autotune.core.compare import interleave
+from autotune.core.choice import interleave
 from autotune.core.config import TrialConfig
 from autotune.core.errors import AutotuneError, TrialFailed
 from autotune.core.stats import Interval, median_ci, speedup_ci

@@ -47,8 +47,8 @@ def live_picture(home: Path, out: Path):
     from rich.console import Console, Group
     from rich.text import Text
 
+    from autotune.core import events
     from autotune.definition.studydef import StudyDefinition
-    from autotune.report import events
     from autotune.report.progress import RunView
     from autotune.tuner import RunRequest, run
 

@@ -12,7 +12,7 @@ with neither the token nor the cookie gets 403 and a one-line page saying what t
 token is compared in constant time. It is the server's process's, for its life only.
 
 Served by the standard library's WSGI server, on the host and port the command checked
-(``cli.study.check_listen``).
+(``cli.stored.check_listen``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ spaces, trainers and studies.
 
 Bad input is one line on stderr naming the thing and the fix, exit code 2, nothing written.
 This module holds ``main`` (errors and exit codes) and ``autotune run``, whose setting flags are
-generated from ``autotune.definition.settings``; the other commands live in ``cli.study`` (commands
+generated from ``autotune.definition.settings``; the other commands live in ``cli.stored`` (commands
 that
 read a stored study) and ``cli.tools`` (profiles, the network lab, listings).
 """
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from autotune.cli import grammar
-from autotune.cli import study as cli_study
+from autotune.cli import stored as cli_stored
 from autotune.cli import tools as cli_tools
-from autotune.cli.study import default_run_dir
+from autotune.cli.stored import default_run_dir
 from autotune.core.errors import (
     AutotuneError,
     BaselineFailed,
@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="`autotune COMMAND --help` describes one",
     )
     _add_run(sub)
-    cli_study.add_commands(sub)
+    cli_stored.add_commands(sub)
     cli_tools.add_commands(sub)
     add_compare_parser(sub)
     return p
@@ -236,7 +236,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _with_plan(view: Any, d: StudyDefinition) -> Any:
     """``view``, which also shows the re-validation's plan once the study is open."""
-    from autotune.report.events import Note, StudyOpened
+    from autotune.core.events import Note, StudyOpened
 
     def emit(event: Any) -> None:
         view(event)

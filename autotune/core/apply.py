@@ -1,7 +1,7 @@
 """Applying a configuration: the one place where a trial's settings become live torch state.
 
 Both sides call these functions and nothing else to apply a configuration: the rank that
-measures a trial (``autotune.rank.run``) and the user's training script, through ``Profile``
+measures a trial (``autotune.rank.measure``) and the user's training script, through ``Profile``
 (``autotune.profile.profile``). So a script applies exactly what was measured: there is no second
 implementation to drift.
 

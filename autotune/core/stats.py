@@ -37,7 +37,7 @@ Rules (``n`` = number of windows, ``conf`` = confidence, 0.95 by default):
   (thermal, other tenants) cancels: t-interval of the mean log ratio, exponentiated; the point
   (``Interval.median``) is ``exp(mean log ratio)``, the geometric mean of the ratios. Unequal
   lengths or ``paired=False``: Welch's interval for the difference of the mean logs.
-- The final choice from interleaved re-measurements and their order: ``core.compare``.
+- The final choice from interleaved re-measurements and their order: ``core.choice``.
 """
 
 from __future__ import annotations

@@ -29,13 +29,13 @@ from typing import Any, TypeVar
 from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.errors import ClusterLost, ConfigError, FailureReason, TrialFailed
 from autotune.core.rank_io import RankResult, RankSpec
+from autotune.core.results import TrialResult
 from autotune.core.stats import Interval
 from autotune.definition.durations import format_duration
 from autotune.definition.studydef import NODE_WAIT_S
 from autotune.launch.failures import classify, gone_away
 from autotune.launch.hardware import describe
 from autotune.launch.pool import RankPool
-from autotune.launch.results import TrialResult
 
 __all__ = ["TrialRunner", "first_dead", "local_ranks"]
 

@@ -31,7 +31,7 @@ from autotune.core import allocator
 from autotune.core.errors import FailureReason, TrialFailed
 from autotune.core.rank_io import RankResult, RankSpec
 from autotune.launch.failures import classify
-from autotune.rank.run import run_rank
+from autotune.rank.measure import run_rank
 from autotune.rank.session import listening_store
 
 __all__ = ["LOOPBACK_ENV", "RankActor", "RankPool", "node_ip"]

@@ -48,6 +48,7 @@ from optuna.trial import TrialState
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import FailureReason, TrialFailed
+from autotune.core.events import Emit, Note
 from autotune.core.values import nbytes, number, seconds, speedup
 from autotune.limit.evidence import COMM_BOUND_SHARE, DATA_BOUND_SHARE, Evidence
 from autotune.record import trial as tr
@@ -61,7 +62,6 @@ from autotune.record.attrs import (
 )
 from autotune.record.study import anchored_speedups, baseline_trial
 from autotune.record.typed import RecordError
-from autotune.report.events import Emit, Note
 
 __all__ = [
     "bounds",

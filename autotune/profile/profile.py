@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.core import allocator, apply
+from autotune.core import allocator, apply, step_report
 from autotune.core import safe_yaml as _yaml
 from autotune.core.config import POWERSGD_START_ITER, TrialConfig
 from autotune.core.errors import ConfigError
@@ -45,7 +45,6 @@ from autotune.profile.rules import (
     check_values,
     shell_exports,
 )
-from autotune.script import report as script_report
 
 __all__ = ["ALLOWED_ENV", "PROFILE_VERSION", "Profile", "check_env", "shell_exports"]
 
@@ -239,13 +238,13 @@ class Profile:
         tuned = {**self.ddp_kwargs, "compile": self.compile}
         wrapped = apply.wrap(model, tuned, self.comm_hook, **ddp_kwargs)
         # only in a trial of autotune run ... -- CMD
-        script_report.install(wrapped, hook_free=self.comm_hook.get("name", "none") == "none")
+        step_report.install(wrapped, hook_free=self.comm_hook.get("name", "none") == "none")
         return wrapped
 
     def report_loss(self, loss: Any) -> None:
         """Optional: hand the step's loss to ``autotune run ... -- CMD`` (its NaN check and
         numerics guard); nothing outside such a trial. ``float(loss)`` waits for the GPU."""
-        script_report.report_loss(loss)
+        step_report.report_loss(loss)
 
     def autocast(self, device_type: str = "cuda") -> Any:
         """The tuned precision as a context for the forward pass and loss. TF32 is a process

@@ -5,7 +5,7 @@ trial's settings, its DataLoader, optimizer and scaler, and one training step.
 variables, threads and precision flags, process group, model, DDP with the trial's kwargs and
 comm hook, DataLoader with the trial's kwargs) and destroys the process group on every path
 out. ``Session.step`` is one optimizer step: ``accumulation_steps`` micro-steps, all-reduce on
-the last only. The measurement (``autotune.rank.run``) and the limit probe
+the last only. The measurement (``autotune.rank.measure``) and the limit probe
 (``autotune.rank.limit_probe``) both train through it, so what they time is the same step.
 
 ``Session.step(phases)`` also times its phases (data, forward, backward, optimizer): on the host

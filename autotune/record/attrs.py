@@ -5,7 +5,7 @@ is not what autotune writes is a ``RecordError`` naming the attribute and the fi
 
 | attribute | record | written by |
 | --- | --- | --- |
-| ``autotune`` | ``RunRecord`` | ``record.study.open_study`` |
+| ``autotune`` | ``RunRecord`` | ``search.opening.open_study`` |
 | ``first_measurement`` | ``FirstMeasurement`` | ``search.first_look`` |
 | ``screening`` | ``{label: ScreenEffect}`` | ``search.screening`` |
 | ``stop`` | ``StopRecord`` | ``search.loop`` |

@@ -1,7 +1,7 @@
-"""The study as a record: opening or resuming the Optuna study of a run, and the questions
-the rest of the driver asks of it (which trials ran the defaults, the nearest of them to a
-trial, the incumbent, counts). What is stored where: ``record.attrs`` (the study-level
-records), ``record.trial`` (a trial's attributes).
+"""The study as a record: the questions the driver asks of a run's Optuna study (which trials
+ran the defaults, the nearest of them to a trial, the incumbent, counts), and the baseline and
+anchor trials it queues. Opening the study is the search's (``search.opening``). What is stored
+where: ``record.attrs`` (the study-level records), ``record.trial`` (a trial's attributes).
 
 Readers may run in any thread; writers write through Optuna's storage, which serialises them.
 """
@@ -10,25 +10,18 @@ from __future__ import annotations
 
 import os
 import socket
-import warnings
 from collections import Counter
 from datetime import datetime
-from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.core.errors import ConfigError, FailureReason
+from autotune.core.errors import FailureReason
 from autotune.core.stats import Interval
 from autotune.definition.space import ResolvedSpace
-from autotune.definition.studydef import StudyDefinition
-from autotune.profile.rules import SECTIONS
 from autotune.record import storage as storage_mod
 from autotune.record import trial as tr
-from autotune.record.attrs import ATTRS, RunRecord, ValidationRecord, load, save
-from autotune.record.vet import check_study
-from autotune.report.events import StudyOpened
-from autotune.search.samplers import make_sampler
+from autotune.record.attrs import ATTRS, RunRecord, ValidationRecord, load
 
 __all__ = [
     "ATTR",
@@ -51,7 +44,6 @@ __all__ = [
     "failure_reasons",
     "incumbent",
     "is_autotune_study",
-    "open_study",
     "record",
     "tag",
     "throughput",
@@ -219,119 +211,6 @@ def tag(trial: optuna.Trial | FrozenTrial) -> str:
 def enqueue_baseline(study: optuna.Study, space: ResolvedSpace) -> None:
     """Queue a baseline trial: every knob at its default."""
     tr.enqueue(study, space.baseline_params(), baseline=True)
-
-
-def open_study(
-    name: str,
-    url: str,
-    d: StudyDefinition,
-    space: ResolvedSpace,
-    global_batch: int,
-    hw: dict[str, Any],
-    storage: optuna.storages.BaseStorage | None = None,
-) -> tuple[optuna.Study, StudyOpened]:
-    """Create the study ``name`` in ``url`` (or in ``storage``, already open), or resume it
-    when its objectives and workload are this run's; record workload, hardware and space on
-    it; close trials a dead driver left RUNNING; queue a baseline when none is measured or in
-    flight."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = storage or storage_mod.open_storage(url)
-    sampler = make_sampler(d.sampler, d.seed, space.grid() if d.sampler == "grid" else None)
-    workload = _workload(d, space, global_batch)
-    directions = [optuna.study.StudyDirection.MAXIMIZE]
-    if d.multi_objective:  # and the least peak memory per rank
-        directions.append(optuna.study.StudyDirection.MINIMIZE)
-    study = _create(name, storage, sampler, directions, space)
-    created = study is not None
-    if study is None:
-        study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
-        _check_resumable(study, name, url, d, directions, workload)
-        check_study(study, url)
-    trials_before = 0 if created else len(study.trials)
-    save(
-        study,
-        RunRecord(
-            version=1,
-            workload=workload,
-            hardware={k: hw.get(k) for k in SECTIONS["hardware"]},
-            space=space.to_mapping(),
-            left_out=[str(x) for x in space.dropped],
-        ),
-    )
-    closed = close_abandoned_trials(study, storage)
-    if baseline_value(study) is None and not any(
-        t.state in (TrialState.WAITING, TrialState.RUNNING) for t in baselines(study)
-    ):
-        enqueue_baseline(study, space)
-    opened = StudyOpened(
-        name=name,
-        created=created,
-        trials=trials_before,
-        dimensions=list(space.distributions),
-        left_out=[str(x) for x in space.dropped],
-        closed=closed,
-    )
-    return study, opened
-
-
-def _workload(d: StudyDefinition, space: ResolvedSpace, global_batch: int) -> dict[str, Any]:
-    """What the study measures: a resumed study must have measured the same."""
-    workload = {
-        "trainer": d.trainer,
-        "options": dict(d.trainer_options),
-        "world_size": space.target.world_size,
-        "backend": space.target.backend,
-        "global_batch": global_batch,
-    }
-    if d.free_batch:  # another study: its trials measure other global batches
-        workload["free_batch"] = True
-    return workload
-
-
-def _create(
-    name: str,
-    storage: optuna.storages.BaseStorage,
-    sampler: optuna.samplers.BaseSampler,
-    directions: list[optuna.study.StudyDirection],
-    space: ResolvedSpace,
-) -> optuna.Study | None:
-    """The new study ``name`` with its baseline queued; None when it exists already."""
-    if name in {s.study_name for s in optuna.get_all_study_summaries(storage)}:
-        return None
-    try:
-        study = optuna.create_study(
-            study_name=name, storage=storage, sampler=sampler, directions=directions
-        )
-    except optuna.exceptions.DuplicatedStudyError:
-        return None  # another driver on the same storage created it a moment ago: join it
-    # at once: a driver joining this new study a moment later finds the baseline queued
-    enqueue_baseline(study, space)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        study.set_metric_names(METRICS[: len(directions)])
-    return study
-
-
-def _check_resumable(
-    study: optuna.Study,
-    name: str,
-    url: str,
-    d: StudyDefinition,
-    directions: list[optuna.study.StudyDirection],
-    workload: dict[str, Any],
-) -> None:
-    """ConfigError unless the existing study ``name`` measured what this run measures."""
-    if study.directions != directions:
-        raise ConfigError(
-            f"--study-name {name}: that study in {storage_mod.display_url(url)} was not made "
-            f"for --objective {d.objective}; choose another --study-name"
-        )
-    old = record(study)
-    if old is not None and old.workload and old.workload != workload:
-        raise ConfigError(
-            f"--study-name {name}: that study measured workload {old.workload}, this run asks "
-            f"for {workload}; choose another --study-name"
-        )
 
 
 def driver_alive(driver: str) -> bool | None:

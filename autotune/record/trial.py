@@ -30,8 +30,8 @@ from optuna.trial import FrozenTrial
 
 from autotune.core.config import STUDY_FIX, TrialConfig
 from autotune.core.errors import TrialFailed
+from autotune.core.results import TrialResult
 from autotune.core.stats import Interval
-from autotune.launch.results import TrialResult
 from autotune.record.attrs import IntervalRecord
 from autotune.record.typed import RecordError, read
 

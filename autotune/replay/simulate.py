@@ -6,7 +6,7 @@ outside and inside its windows. ``replay`` runs what ``autotune run`` runs - the
 record, the sampler, the designed start, the objective, the stop and prune rules, the budget,
 re-validation, ablation and the export's choice, assembled by the same
 ``search.assembly.assemble`` - with ``ReplayMeasurer`` in place of the Ray-backed measurer
-(both are ``launch.measure.Measurer``): a trial of a point draws one of that point's recorded
+(both are ``launch.measurer.Measurer``): a trial of a point draws one of that point's recorded
 runs and applies the measurement rules (``autotune.core.stats``) to its windows one by one, and
 the clock advances by the seconds the run took. Nothing is started; a replay of 15 trials takes
 well under a second.
@@ -40,17 +40,17 @@ import optuna
 
 from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.errors import TrialFailed
+from autotune.core.events import Emit, ignore
 from autotune.core.rank_io import RankResult
+from autotune.core.results import TrialResult
 from autotune.core.stats import Interval
 from autotune.core.target import Target
 from autotune.definition.space import ResolvedSpace, SearchSpace
 from autotune.definition.studydef import StudyDefinition
-from autotune.launch.measure import Placement
-from autotune.launch.results import TrialResult
+from autotune.launch.measurer import Placement
 from autotune.profile.export import study_profile
-from autotune.record.study import open_study
-from autotune.report.events import Emit, ignore
 from autotune.search.assembly import assemble
+from autotune.search.opening import open_study
 
 __all__ = ["Landscape", "ReplayMeasurer", "ReplayResult", "replay"]
 
@@ -147,7 +147,7 @@ class _Runner:
 
 
 class ReplayMeasurer:
-    """A ``launch.measure.Measurer`` over a ``Landscape``, on a simulated clock (``now``)."""
+    """A ``launch.measurer.Measurer`` over a ``Landscape``, on a simulated clock (``now``)."""
 
     def __init__(
         self,

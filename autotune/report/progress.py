@@ -1,6 +1,6 @@
 """What ``autotune run`` shows while it runs, and the table it ends with.
 
-``RunView`` subscribes to the run's events (``autotune.report.events``): pass it as ``emit`` to
+``RunView`` subscribes to the run's events (``autotune.core.events``): pass it as ``emit`` to
 ``tuner.run``. On a terminal: a live rich display under the log lines (the budget as a
 progress bar, trials complete / failed / pruned, the best speedup so far, each running
 trial's settings). With ``--quiet``, or when the output is not a terminal (a log file, CI),
@@ -20,13 +20,13 @@ from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 from rich.text import Text
 
+from autotune.core import events as ev
 from autotune.core.knobs import changed_knobs
 from autotune.core.stats import precise, speedup_text
 from autotune.core.values import number, terminal_safe
 from autotune.definition.durations import format_duration
 from autotune.record import trial as tr
 from autotune.record.study import baseline_trial, complete, failure_reasons
-from autotune.report import events as ev
 from autotune.search.screening import verdict
 
 __all__ = ["RunView", "changed_settings", "failure_line", "format_changes", "summary_table"]
@@ -97,7 +97,7 @@ class RunView:
         self.console.print(terminal_safe(text), highlight=False, soft_wrap=True)
 
     def __call__(self, event: Any) -> None:
-        """Show one event of the run (``autotune.report.events``); called from any thread. A
+        """Show one event of the run (``autotune.core.events``); called from any thread. A
         line holding a control character (from a study, a database, a command) is shown
         escaped (``terminal_safe``), unstyled."""
         with self._lock:

@@ -1,7 +1,7 @@
 """``--log-to mlflow|wandb|tensorboard``: each trial of the run, and its result, recorded in an
 experiment tracker as well as in the study.
 
-``Trackers`` is an event sink (``autotune.report.events``) made as the run starts, before
+``Trackers`` is an event sink (``autotune.core.events``) made as the run starts, before
 Ray: it ``check``s the names, and a tracker whose library is not installed is a one-line
 ``ConfigError``. ``open`` opens the trackers once the study is open. The sink passes every
 event on to the run's own ``emit`` and, for each ``TrialFinished``, records the trial as the
@@ -29,10 +29,10 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.core.errors import ConfigError
+from autotune.core.events import Emit, Note, TrialFinished
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.failures import first_line
 from autotune.profile.profile import Profile
-from autotune.report.events import Emit, Note, TrialFinished
 from autotune.report.tracker_clients import Client, RunResult, TrialRecord, open_client
 
 __all__ = ["TRACKERS", "Summary", "Trackers", "check", "names", "run_result"]

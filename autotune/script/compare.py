@@ -2,12 +2,12 @@
 their check that a profile still pays on their job (docs/script-mode.md, *autotune compare*).
 
 ``A`` and ``B`` are each a profile file or ``asis`` (``AS_IS``), the job as it is. A run is one
-run of ``CMD`` measured and ended as a script-mode trial (``script.trial.run_script``: warm-up,
+run of ``CMD`` measured and ended as a script-mode trial (``script.measure.run_script``: warm-up,
 windows, stop rule, failures, containment), with the arm's configuration: a profile gives its
 environment and its settings (``AUTOTUNE_PROFILE``) as ``autotune launch`` does; ``asis`` gives
 nothing of autotune's to the environment (no allocator pin, ``OMP_NUM_THREADS``, ``NCCL_*``)
 and a script that loads its profile PyTorch's defaults at the same global batch. Runs are
-interleaved (``core.compare.interleave``), paired by round: B/A is ``core.stats.speedup_ci`` of
+interleaved (``core.choice.interleave``), paired by round: B/A is ``core.stats.speedup_ci`` of
 the runs' median windows. ``asis`` with a file of that name here is refused (``./asis`` names
 the file). Bad input is a ``ConfigError`` before anything runs; the tuner's packages are
 imported only once the command runs.
@@ -319,7 +319,7 @@ def make_plan(args: argparse.Namespace, cwd: Path) -> Plan:
 
 
 def measure(plan: Plan, say: Callable[[str], None]) -> list[Run]:
-    """Run the plan's rounds in ``core.compare.interleave``'s order, one line each through
+    """Run the plan's rounds in ``core.choice.interleave``'s order, one line each through
     ``say``; stops at the first run that fails (its ``Run`` has the ``failure``)."""
     if plan.address is not None:
         with _on_cluster(plan, say) as run_once:
@@ -328,8 +328,8 @@ def measure(plan: Plan, say: Callable[[str], None]) -> list[Run]:
 
 
 def _here(plan: Plan) -> Callable[..., Any]:
-    """One run on this machine, a child of this process (``script.trial.run_script``)."""
-    from autotune.script.trial import run_script
+    """One run on this machine, a child of this process (``script.measure.run_script``)."""
+    from autotune.script.measure import run_script
 
     def run_once(config: Any, log_dir: Path | None, env: dict[str, str] | None) -> Any:
         return run_script(
@@ -402,7 +402,7 @@ def _on_cluster(plan: Plan, say: Callable[[str], None]) -> Any:
 def _rounds_of(plan: Plan, say: Callable[[str], None], run_once: Callable[..., Any]) -> list[Run]:
     """``measure``'s rounds, each run by ``run_once(config, log_dir, env)``."""
     from autotune.core import allocator
-    from autotune.core.compare import interleave
+    from autotune.core.choice import interleave
     from autotune.core.errors import TrialFailed
 
     arms = {a.key: a for a in plan.arms}

@@ -3,11 +3,11 @@ limit probe makes (``autotune.rank.limit_probe``), so that the screening order, 
 screened" lines and the advice come from the same model (``autotune.limit.evidence``).
 
 Right after the baseline trial, ``first_measurement`` runs the defaults once more with
-``script.report.PROBE_ENV`` set, on the same nodes and measured the same way
+``core.step_report.PROBE_ENV`` set, on the same nodes and measured the same way
 (``script.nodes.run_on_nodes``) but for the fewest windows: ``Profile.wrap`` then times each
 step's forward pass, its backward up to DDP's last bucket, the all-reduce still running after
 that (exposed), and the optimizer, and counts the gradient bytes and buckets DDP itself made
-(``script.report``).
+(``core.step_report``).
 Then autotune's own ranks, one per rank of the script in the same bundles, all-reduce a few
 message sizes (``autotune.rank.link.sweep``) for the link's alpha-beta fit. The record:
 
@@ -31,9 +31,9 @@ from typing import Any
 
 from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.errors import FailureReason, TrialFailed
+from autotune.core.results import TrialResult
 from autotune.launch.failures import first_line
 from autotune.launch.launcher import TrialRunner
-from autotune.launch.results import TrialResult
 from autotune.rank.link import sweep
 from autotune.script.nodes import Files, rendezvous, run_on_nodes
 
@@ -132,7 +132,7 @@ def record_of(
     world_size: int,
 ) -> dict[str, Any]:
     """The limit probe's record from a script's timed phases (``got``: medians per step of
-    ``script.report``'s kinds) and the link's points (module doc)."""
+    ``core.step_report``'s kinds) and the link's points (module doc)."""
     from autotune.limit.evidence import fit_alpha_beta
 
     a = max(config.accumulation_steps, 1)

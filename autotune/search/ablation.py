@@ -29,13 +29,14 @@ from typing import Any
 
 import optuna
 
-from autotune.core.compare import interleave
+from autotune.core.choice import interleave
 from autotune.core.config import MeasureSettings, TrialConfig
+from autotune.core.events import Emit, Note
 from autotune.core.knobs import changed_knobs
 from autotune.core.stats import speedup_ci
 from autotune.definition.space import ResolvedSpace
 from autotune.definition.studydef import StudyDefinition
-from autotune.launch.measure import Measurer
+from autotune.launch.measurer import Measurer
 from autotune.record import trial as tr
 from autotune.record.attrs import (
     AblationRecord,
@@ -44,7 +45,6 @@ from autotune.record.attrs import (
     ValidationRecord,
     save,
 )
-from autotune.report.events import Emit, Note
 from autotune.search.budget import Budget
 from autotune.search.validation import measure_interleaved
 

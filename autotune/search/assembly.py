@@ -11,9 +11,9 @@ between opening the study and exporting the profile:
   best few against the baseline, interleaved (``validation.revalidate``), then ablate the
   winner (``ablation.ablate``).
 
-``measure`` is any ``launch.measure.Measurer`` (a Protocol). Two callers pass one:
+``measure`` is any ``launch.measurer.Measurer`` (a Protocol). Two callers pass one:
 
-* ``tuner.run``, the real run: the Ray-backed ``launch.measure.RayMeasurer`` over the run's
+* ``tuner.run``, the real run: the Ray-backed ``launch.measurer.RayMeasurer`` over the run's
   placement groups, the wall clock from the command's start, the SIGTERM ``tick``, the rank
   logs' directory and the workload's tokens per sample;
 * ``replay.simulate.replay``, the replay benchmark: its recorded-landscape
@@ -32,10 +32,10 @@ from pathlib import Path
 
 import optuna
 
+from autotune.core.events import Emit
 from autotune.definition.space import ResolvedSpace
 from autotune.definition.studydef import StudyDefinition
-from autotune.launch.measure import Measurer
-from autotune.report.events import Emit
+from autotune.launch.measurer import Measurer
 from autotune.search.ablation import ablate
 from autotune.search.budget import Budget
 from autotune.search.loop import Search

@@ -21,6 +21,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.core.errors import TrialFailed
+from autotune.core.events import Emit, Note
 from autotune.definition.space import ResolvedSpace
 from autotune.definition.studydef import StudyDefinition
 from autotune.limit.evidence import Evidence
@@ -29,7 +30,6 @@ from autotune.record import trial as tr
 from autotune.record.attrs import FirstMeasurement, load, save
 from autotune.record.study import baseline_trial
 from autotune.record.typed import RecordError
-from autotune.report.events import Emit, Note
 from autotune.search.budget import Budget
 from autotune.search.screening import HELPS, plan
 

@@ -44,9 +44,10 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.core.errors import FailureReason, TrialFailed, interrupted_by
+from autotune.core.events import BudgetStarted, Emit, Note
 from autotune.definition.space import ResolvedSpace
 from autotune.definition.studydef import StudyDefinition
-from autotune.launch.measure import Measurer, Placement
+from autotune.launch.measurer import Measurer, Placement
 from autotune.record import trial as tr
 from autotune.record.attrs import StopRecord, save
 from autotune.record.study import (
@@ -57,7 +58,6 @@ from autotune.record.study import (
     enqueue_baseline,
     throughput,
 )
-from autotune.report.events import BudgetStarted, Emit, Note
 from autotune.search.budget import Budget
 from autotune.search.first_look import first_measurement
 from autotune.search.objective import Objective

@@ -35,16 +35,16 @@ from autotune.core.errors import (
     FailureReason,
     TrialFailed,
 )
+from autotune.core.events import Emit, Note, Outcome, TrialFinished, TrialStarted
 from autotune.core.knobs import changed_knobs
 from autotune.core.numerics import changes_numerics, drift
+from autotune.core.results import TrialResult
 from autotune.core.stats import Interval
 from autotune.definition.space import ResolvedSpace
 from autotune.definition.studydef import StudyDefinition
-from autotune.launch.measure import Measurer
-from autotune.launch.results import TrialResult
+from autotune.launch.measurer import Measurer
 from autotune.record import trial as tr
 from autotune.record.study import DRIVER, anchors, baseline_trial, incumbent, tag, throughput
-from autotune.report.events import Emit, Note, Outcome, TrialFinished, TrialStarted
 from autotune.search.budget import Budget
 from autotune.search.failing import known_failing, queued_by_design
 

@@ -44,6 +44,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from autotune.core.events import ScreeningDone
 from autotune.core.target import Target
 from autotune.definition.distributions import contains
 from autotune.definition.space import ResolvedSpace
@@ -52,7 +53,6 @@ from autotune.record import trial as tr
 from autotune.record.attrs import ScreenEffect, load_screening, save_screening
 from autotune.record.study import anchors, enqueue_anchor, throughput
 from autotune.record.typed import write
-from autotune.report.events import ScreeningDone
 
 __all__ = ["HELPS", "PRIORS", "Planned", "Prior", "Screening", "applicable", "plan", "ruled_out"]
 __all__ += ["gain", "verdict"]

@@ -27,19 +27,10 @@ from typing import Any
 import optuna
 
 from autotune.core import allocator
-from autotune.core.compare import choose, interleave
+from autotune.core.choice import choose, interleave
 from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.errors import TrialFailed
-from autotune.core.knobs import changed_knobs
-from autotune.core.stats import speedup_ci
-from autotune.definition.studydef import StudyDefinition
-from autotune.launch.measure import Measurer
-from autotune.launch.results import TrialResult
-from autotune.record import trial as tr
-from autotune.record.attrs import AsIsRecord, IntervalRecord, ValidationRecord, save
-from autotune.record.study import anchored_speedups, baseline_trial, complete
-from autotune.record.typed import read
-from autotune.report.events import (
+from autotune.core.events import (
     Emit,
     Note,
     TrialStarted,
@@ -47,6 +38,15 @@ from autotune.report.events import (
     ValidationRun,
     ValidationStarted,
 )
+from autotune.core.knobs import changed_knobs
+from autotune.core.results import TrialResult
+from autotune.core.stats import speedup_ci
+from autotune.definition.studydef import StudyDefinition
+from autotune.launch.measurer import Measurer
+from autotune.record import trial as tr
+from autotune.record.attrs import AsIsRecord, IntervalRecord, ValidationRecord, save
+from autotune.record.study import anchored_speedups, baseline_trial, complete
+from autotune.record.typed import read
 from autotune.search.budget import Budget
 
 __all__ = ["TODAY", "against_today", "candidates", "measure_interleaved", "revalidate"]

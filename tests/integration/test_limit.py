@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 
 from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.rank_io import RankSpec
-from autotune.rank.run import run_rank
+from autotune.rank.measure import run_rank
 from autotune.rank.session import open_session
 
 pytestmark = pytest.mark.integration

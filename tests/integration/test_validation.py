@@ -10,16 +10,16 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import create_trial
 
-from autotune.core.compare import NO_WINNER_REASON
+from autotune.core.choice import NO_WINNER_REASON
+from autotune.core.events import Note, ValidationDone, ValidationStarted
 from autotune.core.stats import precise, speedup_text
 from autotune.definition.space import SearchSpace
 from autotune.definition.studydef import StudyDefinition
-from autotune.launch.measure import RayMeasurer
+from autotune.launch.measurer import RayMeasurer
 from autotune.profile.export import export_profile
 from autotune.profile.profile import Profile
 from autotune.record.attrs import ValidationRecord, load
 from autotune.record.study import ATTR
-from autotune.report.events import Note, ValidationDone, ValidationStarted
 from autotune.search.validation import TODAY, revalidate
 from tests.integration.conftest import QUICK, TARGET, config
 

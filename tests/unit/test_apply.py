@@ -15,9 +15,9 @@ from autotune.core import apply
 from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.rank_io import RankSpec
 from autotune.profile.profile import Profile
-from autotune.rank import run as rank
+from autotune.rank import measure as rank
 from autotune.rank import session as rank_session
-from autotune.rank.run import run_rank
+from autotune.rank.measure import run_rank
 
 POWERSGD = {"name": "powersgd", "matrix_approximation_rank": 2, "start_powerSGD_iter": 2}
 HOOK_NAMES = {"fp16": "fp16_compress_hook", "powersgd": "powerSGD_hook"}

@@ -41,3 +41,11 @@ def test_every_module_a_package_row_names_is_in_that_package():
         if not (ROOT / "autotune" / pkg / name).exists()
     ]
     assert missing == []
+
+
+def test_the_floors_on_the_page_are_the_order_the_layout_test_enforces():
+    from tests.unit.test_layout import FLOORS
+
+    section = PAGE.read_text().split("## Floors", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^\d+\. `(\w+)` - ", section, re.M)
+    assert listed == [f or "autotune" for f in FLOORS]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from autotune.core import allocator
-from autotune.core.compare import interleave
+from autotune.core.choice import interleave
 from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.knobs import KNOBS
 from autotune.core.target import Target

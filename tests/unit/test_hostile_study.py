@@ -19,7 +19,7 @@ from autotune.core.errors import FailureReason, TrialFailed
 from autotune.core.target import Target
 from autotune.definition.space import SearchSpace
 from autotune.definition.studydef import StudyDefinition
-from autotune.launch.measure import RayMeasurer
+from autotune.launch.measurer import RayMeasurer
 from tests.conftest import in_process
 
 CPU = Target(backend="gloo", device="cpu", world_size=2, global_batch=64, cpus_per_rank=1)

@@ -280,7 +280,7 @@ def test_live_bar_never_runs_past_the_budget(budget):
 
 def test_a_failure_detail_with_brackets_is_printed_as_it_is():
     # gloo's errors carry "[/path/to/pair.cc:537]", which rich would read as a closing tag
-    from autotune.report.events import Outcome, TrialFinished
+    from autotune.core.events import Outcome, TrialFinished
 
     out = io.StringIO()
     console = Console(file=out, width=200, force_terminal=False)

@@ -14,10 +14,10 @@ from autotune.core.config import MeasureSettings
 from autotune.core.errors import ConfigError
 from autotune.core.numerics import CURVE_STEPS
 from autotune.core.stats import Interval
+from autotune.core.step_report import BadReport
 from autotune.definition.studydef import StudyDefinition
 from autotune.script.job import node_command, script_job
-from autotune.script.report import BadReport
-from autotune.script.trial import Reports, StepStream, error_line, loss_curve
+from autotune.script.measure import Reports, StepStream, error_line, loss_curve
 
 M = MeasureSettings(window_s=1.0, min_windows=3, max_windows=6)
 
@@ -70,19 +70,19 @@ def test_the_wrapped_model_reports_its_steps_and_peak_memory(tmp_path, monkeypat
 
     import torch
 
-    from autotune.script import report as script_report
+    from autotune.core import step_report
 
     monkeypatch.setenv("AUTOTUNE_REPORT_DIR", str(tmp_path))
     monkeypatch.setenv("RANK", "0")
-    monkeypatch.setattr(script_report, "_OUT", {})
+    monkeypatch.setattr(step_report, "_OUT", {})
     model = torch.nn.Linear(4, 2)
-    assert script_report.install(model)
-    for _ in range(script_report.MEMORY_EVERY + 1):
-        script_report.report_loss(model(torch.ones(3, 4)).sum())
-    script_report._OUT[str(tmp_path)].flush()
+    assert step_report.install(model)
+    for _ in range(step_report.MEMORY_EVERY + 1):
+        step_report.report_loss(model(torch.ones(3, 4)).sum())
+    step_report._OUT[str(tmp_path)].flush()
     r = Reports(tmp_path / "rank-0.steps")
     r.read()
-    assert len(r.stamps) == len(r.losses) == script_report.MEMORY_EVERY + 1
+    assert len(r.stamps) == len(r.losses) == step_report.MEMORY_EVERY + 1
     lines = (tmp_path / "rank-0.steps").read_text().splitlines()
     assert sum(x.startswith("m ") for x in lines) == 2  # the first forward and the 9th
     now = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -348,7 +348,7 @@ def test_a_report_is_read_a_bounded_chunk_at_a_time_and_its_lines_are_counted(
 ):
     """H-S14: a report of endless lines: each read takes at most ``READ_BYTES``; past
     ``MAX_LINES`` lines the report is refused."""
-    from autotune.script import report
+    from autotune.core import step_report as report
 
     f = tmp_path / "rank-0.steps"
     f.write_text("".join(f"t {100 + k / 10}\n" for k in range(50)))
@@ -390,7 +390,7 @@ def test_a_reaped_guard_is_not_signalled(monkeypatch):
     (PIDs are reused quickly): ending the trial signals nothing by that pid."""
     import subprocess
 
-    from autotune.script import trial
+    from autotune.script import measure as trial
 
     proc = subprocess.Popen(["true"])
     while proc.poll() is None:  # reaped, as the watch loop's poll reaps it

@@ -12,13 +12,13 @@ import pytest
 
 from autotune.core.config import TrialConfig
 from autotune.core.rank_io import RankResult
+from autotune.core.results import TrialResult
 from autotune.core.target import Target
 from autotune.definition.space import SearchSpace
-from autotune.launch.results import TrialResult
 from autotune.limit.evidence import Evidence
 from autotune.limit.probe import bounds
+from autotune.script.measure import phases
 from autotune.script.probe import record_of
-from autotune.script.trial import phases
 from autotune.search.screening import plan
 
 GRAD_BYTES = 56_684_548.0  # 6 x Linear(1536, 1536) + head, fp32

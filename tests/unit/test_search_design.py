@@ -221,8 +221,8 @@ def test_the_profile_records_every_run_of_the_defaults_and_the_screened_effects(
 
 
 def test_a_screened_gain_within_its_own_noise_is_not_called_help():
+    from autotune.core.events import ScreeningDone
     from autotune.profile.export import screening_effects
-    from autotune.report.events import ScreeningDone
     from autotune.report.progress import _screening_lines
     from autotune.search.screening import verdict
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from autotune.core.compare import NO_WINNER_REASON, choose, interleave
+from autotune.core.choice import NO_WINNER_REASON, choose, interleave
 from autotune.core.stats import (
     Interval,
     PruneRule,

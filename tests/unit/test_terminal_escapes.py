@@ -9,8 +9,8 @@ import io
 import optuna
 from rich.console import Console
 
+from autotune.core import events as ev
 from autotune.core.values import terminal_safe
-from autotune.report import events as ev
 from autotune.report.progress import RunView
 from tests.conftest import in_process
 from tests.unit.test_profile_env import write

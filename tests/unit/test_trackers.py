@@ -16,11 +16,11 @@ import optuna
 import pytest
 
 from autotune.core.errors import ConfigError, FailureReason, TrialFailed
+from autotune.core.events import Note, Outcome, TrialFinished
 from autotune.definition.studydef import StudyDefinition
 from autotune.record import trial as tr
 from autotune.record.attrs import IntervalRecord
 from autotune.report import trackers
-from autotune.report.events import Note, Outcome, TrialFinished
 from autotune.report.tracker_clients import TrialRecord
 from autotune.report.trackers import Trackers
 from tests.unit.test_config_and_profile import make_profile

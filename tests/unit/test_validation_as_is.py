@@ -20,16 +20,16 @@ from optuna.trial import create_trial
 from autotune.core import allocator
 from autotune.core.config import MeasureSettings, TrialConfig, as_it_runs
 from autotune.core.errors import FailureReason, TrialFailed
+from autotune.core.events import TrialStarted, ValidationRun
 from autotune.core.rank_io import RankResult
+from autotune.core.results import TrialResult
 from autotune.core.target import Target
 from autotune.definition.space import SearchSpace
 from autotune.definition.studydef import StudyDefinition
-from autotune.launch.results import TrialResult
 from autotune.profile.export import study_profile
 from autotune.profile.profile import Profile
 from autotune.record.attrs import AsIsRecord, IntervalRecord, ValidationRecord, load, load_readable
 from autotune.record.study import ATTR
-from autotune.report.events import TrialStarted, ValidationRun
 from autotune.search.ablation import PIN, pin_contribution
 from autotune.search.budget import AS_IS_ROUNDS, AS_IS_SHARE, FRESH_START_S, Budget
 from autotune.search.validation import TODAY, against_today, revalidate

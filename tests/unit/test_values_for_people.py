@@ -10,9 +10,9 @@ import re
 import pytest
 from rich.console import Console
 
+from autotune.core.events import Outcome, TrialFinished, ValidationRun
 from autotune.core.values import nbytes, number, seconds, speedup
 from autotune.limit.probe import bounds, summary_line
-from autotune.report.events import Outcome, TrialFinished, ValidationRun
 from autotune.report.progress import RunView, format_changes
 from tests.conftest import edited
 from tests.unit.test_limit import RECORD

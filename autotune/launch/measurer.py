@@ -3,11 +3,13 @@
 
 ``Measurer`` is a Protocol: one run of a configuration, on the placement of the calling
 thread, returning its ``TrialResult``. The search (``search.loop``), its objective, the first
-measurement, re-validation, ablation and the limit probe ask only that of it. Two
+measurement, re-validation, ablation and the limit probe ask only that of it. Three
 implementations: ``RayMeasurer`` runs the study's workload with its measurement settings on the
-run's Ray placement groups (``tuner.run``); ``autotune.replay.simulate.ReplayMeasurer`` draws
-recorded runs of a landscape on a simulated clock (the replay benchmark). Both are called in
-the driver process; only what ``RayMeasurer`` sends to the ranks crosses to Ray.
+run's Ray placement groups (``tuner.run``); ``autotune.script.measurer.ScriptMeasurer``, a
+``RayMeasurer`` too, runs the user's own command there instead (script mode);
+``autotune.replay.simulate.ReplayMeasurer`` draws recorded runs of a landscape on a simulated
+clock (the replay benchmark). All are called in the driver process; only what the Ray ones send
+to the ranks crosses to Ray.
 
 ``RayMeasurer`` is shared by the objective (search trials, one thread per concurrent trial) and
 re-validation (the main thread, always on the first placement group, so its comparisons never
@@ -33,11 +35,11 @@ import optuna
 from autotune.core import allocator
 from autotune.core.config import MeasureSettings, TrialConfig, as_it_runs
 from autotune.core.errors import ConfigError, FailureReason, TrialFailed
+from autotune.core.results import TrialResult
 from autotune.core.stats import Interval
 from autotune.core.target import Target
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.launcher import TrialRunner
-from autotune.launch.results import TrialResult
 from autotune.record import trial as tr
 from autotune.record.study import baseline_trial
 
@@ -48,6 +50,7 @@ __all__ = [
     "Measurer",
     "Placement",
     "RayMeasurer",
+    "checked",
 ]
 
 #: Timeout of the baseline trial when none is set (later trials derive theirs from it).
@@ -97,6 +100,15 @@ class Measurer(Protocol):
         the limit probe. Raises ``TrialFailed``."""
 
 
+def checked(number: int, config: TrialConfig) -> None:
+    """The one check of a configuration about to run, whatever it came from
+    (``TrialConfig.check``): one out of bounds fails trial ``number`` as ``illegal``."""
+    try:
+        config.check(where=f"trial {number}")
+    except ConfigError as e:
+        raise TrialFailed(FailureReason.ILLEGAL, str(e)) from None
+
+
 class RayMeasurer:
     """Measures configurations of ``study``'s workload on ``runners`` (a ``Measurer``)."""
 
@@ -115,8 +127,6 @@ class RayMeasurer:
         #: gives the job as it runs today (``as_is``); None: taken as several.
         self.target = target
         self._local = threading.local()  # the runner of the trial this thread runs
-        #: Script mode: where the nodes find the job's files (``script.nodes.check_files``).
-        self.files: Any = None
 
     def as_is_reason(self) -> str | None:
         """Why the user's job as it runs today cannot be measured here; None when it can.
@@ -154,15 +164,8 @@ class RayMeasurer:
         self, number: int, config: TrialConfig, *, measure: MeasureSettings, pin: bool = True
     ) -> TrialResult:
         """One run of ``config`` in new rank processes, which pin glibc's allocator unless
-        ``pin`` is False (the job as it runs today). Script mode starts the user's command
-        afresh for every run anyway; its allocator is pinned only by the configuration's
-        environment, which ``as_is`` leaves without the pin."""
-        if self.d.command:
-            return self(number, config, measure=measure)
-        try:
-            config.check(where=f"trial {number}")
-        except ConfigError as e:
-            raise TrialFailed(FailureReason.ILLEGAL, str(e)) from None
+        ``pin`` is False (the job as it runs today)."""
+        checked(number, config)
         return self.runner.run(
             trial=number,
             trainer=self.d.trainer,
@@ -178,8 +181,7 @@ class RayMeasurer:
 
     @property
     def can_probe(self) -> bool:
-        """Whether the limit probe can run: in script mode, as the first measurement only
-        (``script.probe``)."""
+        """Whether the limit probe can run."""
         return True
 
     @property
@@ -219,39 +221,8 @@ class RayMeasurer:
         """One real run of ``config`` (trial ``number``); raises ``TrialFailed``. With
         ``log_dir``, the ranks' output goes there; with ``limit``, it is the limit probe
         (``autotune.rank.limit_probe``). The configuration is checked once more here, whatever
-        it came from (``TrialConfig.check``): one out of bounds fails as ``illegal``."""
-        try:
-            config.check(where=f"trial {number}")
-        except ConfigError as e:
-            raise TrialFailed(FailureReason.ILLEGAL, str(e)) from None
-        if self.d.command:  # script mode: the user's command, on the placement group's nodes
-            from autotune.script.nodes import run_on_nodes
-
-            if self.files is None:
-                raise ValueError("script mode: the job's files were not checked (check_files)")
-            if limit is not None:  # the first measurement (limit.probe.probe_one)
-                from autotune.script.probe import first_measurement
-
-                return first_measurement(
-                    self.runner,
-                    command=self.d.command,
-                    files=self.files,
-                    config=config,
-                    measure=measure or self.d.measure,
-                    timeout_s=self.trial_timeout(),
-                    log_dir=None if log_dir is None else str(log_dir),
-                )
-            return run_on_nodes(
-                self.runner,
-                command=self.d.command,
-                files=self.files,
-                config=config,
-                measure=measure or self.d.measure,
-                timeout_s=self.trial_timeout(),
-                incumbent=incumbent,
-                log_dir=None if log_dir is None else str(log_dir),
-                max_memory_mb=self.d.max_memory_mb,
-            )
+        it came from (``checked``): one out of bounds fails as ``illegal``."""
+        checked(number, config)
         return self.runner.run(
             trial=number,
             trainer=self.d.trainer,

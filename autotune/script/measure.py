@@ -7,7 +7,7 @@ configuration reaches it through the environment:
 * ``AUTOTUNE_PROFILE`` - a profile file of the trial's configuration. A script that follows
   the README's pattern loads it with ``autotune.Profile.load()`` (no path: this variable), so
   the same script runs as a trial and, under ``autotune launch best.yaml``, as the real job;
-* ``AUTOTUNE_REPORT_DIR`` - where ``Profile.wrap`` (``autotune.script.report``) has each rank
+* ``AUTOTUNE_REPORT_DIR`` - where ``Profile.wrap`` (``autotune.core.step_report``) has each rank
   append one line per forward pass of the wrapped model: the step's time stamp, and the loss
   when the script calls ``profile.report_loss(loss)``;
 * the profile's own environment (``NCCL_*``, ``OMP_NUM_THREADS``, glibc's allocator pin),
@@ -21,7 +21,7 @@ The command runs under ``autotune.script.guard``, which ends every process the c
 started when the trial ends, and by itself should the driver die (``kill -9``).
 
 ``StepStream`` turns rank 0's time stamps into the same measurement as a built-in trial's
-(``autotune.rank.run``): warm-up until the step time settles (``SettleRule``), then windows of
+(``autotune.rank.measure``): warm-up until the step time settles (``SettleRule``), then windows of
 about ``window_s`` until the stop rule or the prune rule ends it. ``run_script`` starts the
 command in a session of its own, reads the reports as they come, and ends it through the
 guard once the trial is measured, fails, or runs out of time: no process of the script
@@ -30,7 +30,7 @@ outlives its trial. A script that never reports a step within
 status and the last line it printed (read from the end of its log, ``core.logfile``).
 
 The reports are the script's output, not autotune's: each line is checked as it is read
-(``script.report.Reports``), and a bad one - time stamps equal, backwards or not finite, a
+(``core.step_report.Reports``), and a bad one - time stamps equal, backwards or not finite, a
 line that is not a report - fails the trial (``crash``) in one line naming the file, the line
 and what was wrong. A non-finite loss fails it as ``nan``, as for a built-in trial. The
 command's output goes to ``script.log``, opened with ``O_APPEND`` and capped at every poll and
@@ -59,10 +59,10 @@ from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.errors import FailureReason, TrialFailed
 from autotune.core.numerics import CURVE_STEPS
 from autotune.core.rank_io import RankResult
+from autotune.core.results import TrialResult
 from autotune.core.stats import HOPELESS_LAST, Interval
-from autotune.launch.results import TrialResult
+from autotune.core.step_report import BadReport, Reports
 from autotune.script import guard as script_guard
-from autotune.script.report import BadReport, Reports
 
 __all__ = ["PROFILE_ENV", "REPORT_ENV", "Launch", "Reports", "StepStream", "loss_curve"]
 __all__ += ["measure_run", "peak_of_ranks", "run_script"]
@@ -234,7 +234,7 @@ PER_FORWARD = ("f",)
 def phases(
     probe: Mapping[str, Sequence[float]], forwards: int, accumulation_steps: int = 1
 ) -> dict[str, float]:
-    """The median of each of a probe's figures over the measured steps (``script.report``'s
+    """The median of each of a probe's figures over the measured steps (``core.step_report``'s
     kinds: ``f`` forward seconds, ...): the last ``forwards`` forward passes' for the kinds
     written per forward pass, the last ``forwards / accumulation_steps`` optimizer steps' for
     the others."""
@@ -464,7 +464,7 @@ def _watch(
     """Poll rank 0's reports until ``stream`` is measured; raise ``TrialFailed`` when the
     command exits first, reports nothing in ``wrap_wait_s``, runs past ``timeout_s``, reports
     a peak memory over ``max_memory_mb``, a non-finite loss or a bad report line
-    (``script.report``). The log is capped at every poll (``core.logfile``)."""
+    (``core.step_report``). The log is capped at every poll (``core.logfile``)."""
     rank0 = Reports(reports / "rank-0.steps")
     stamps = rank0.stamps
     while True:

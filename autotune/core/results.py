@@ -1,5 +1,5 @@
 """Typed results of a trial: ``TrialResult`` over each rank's ``RankResult``
-(``autotune.rank.run``).
+(``autotune.rank.measure``).
 
 The launcher builds a ``TrialResult`` from what the ranks return; the objective reads it to
 score the trial and write its attributes; re-validation reads its throughput.
