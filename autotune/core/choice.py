@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.core.stats import Interval, median_ci, speedup_ci
+from autotune.core.values import ratio_interval
 
 __all__ = ["NO_WINNER_REASON", "Validation", "choose", "interleave"]
 
@@ -46,7 +47,7 @@ class Validation:
 
 
 def _fmt(ci: Interval) -> str:
-    return f"{ci.median:.3f}x [{ci.low:.3f}, {ci.high:.3f}]"
+    return ratio_interval(ci.median, ci.low, ci.high, digits=3)
 
 
 def choose(

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.core.config import MeasureSettings, TrialConfig
+from autotune.core.stats import Interval
 
 __all__ = ["MemoryLimitExceeded", "NonFiniteLoss", "RankResult", "RankSpec"]
 
@@ -34,8 +35,8 @@ class RankSpec:
     max_memory_mb: float | None = None
     """Host memory limit per rank (the trial's peak RSS); over it the trial fails with ``oom``
     (checked after each optimizer step)."""
-    incumbent: dict[str, Any] | None = None
-    """The best trial's throughput interval (``Interval.to_dict``): prune below it."""
+    incumbent: Interval | None = None
+    """The best trial's throughput interval: prune below it."""
     local_rank: int = 0
     """This rank's index among the trial's ranks on its node."""
     local_world_size: int = 1

@@ -136,6 +136,13 @@ def speedup(x: float) -> str:
     return f"{x:.2f}x" if math.isfinite(x) else f"{x}x"
 
 
+def ratio_interval(median: float, low: float, high: float, *, digits: int = 2) -> str:
+    """The one way a ratio is written with its 95 % interval: ``1.59x [1.50, 1.68]``
+    (``digits`` decimals; a figure of a result a person reads goes through
+    ``speedup_interval``, which applies the precision rule first)."""
+    return f"{median:.{digits}f}x [{low:.{digits}f}, {high:.{digits}f}]"
+
+
 #: A speedup a person reads as a result (the run's summary, the profile, the report) is shown
 #: with its interval only when its 95 % interval lies within +-``PRECISE`` of it.
 PRECISE = 0.25
@@ -164,14 +171,11 @@ def speedup_interval(
     would settle it (``settle``; ``stats.rounds_to_settle``): ``not measured precisely enough
     (2 rounds: 0.36-4.65x; about 5 rounds would settle it)``."""
 
-    def x(v: float) -> str:
-        return f"{v:.{digits}f}"
-
     if precise(median, low, high):
         assert low is not None and high is not None
-        return f"{x(median)}x [{x(low)}, {x(high)}]"
+        return ratio_interval(median, low, high, digits=digits)
     said = [] if rounds is None else ["1 round" if rounds == 1 else f"{rounds} rounds"]
     if low is not None and high is not None and 0 < low <= high < math.inf:
-        said.append(f"{x(low)}-{x(high)}x")
+        said.append(f"{low:.{digits}f}-{high:.{digits}f}x")
     more = "" if settle is None else f"; about {settle} rounds would settle it"
     return f"not measured precisely enough ({': '.join(said) or 'no interval'}{more})"

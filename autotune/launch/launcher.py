@@ -287,7 +287,7 @@ class TrialRunner:
                 seed=seed,
                 timeout_s=timeout_s,
                 max_memory_mb=max_memory_mb,
-                incumbent=None if incumbent is None else incumbent.to_dict(),
+                incumbent=incumbent,
                 log_dir=log_dir,
                 limit=limit,
             )

@@ -38,7 +38,7 @@ from typing import Any
 
 from autotune.core import allocator
 from autotune.core.rank_io import NonFiniteLoss, RankResult, RankSpec
-from autotune.core.stats import HOPELESS_LAST, Interval
+from autotune.core.stats import HOPELESS_LAST
 from autotune.rank.env import output_to
 from autotune.rank.session import LAST_GROUP, Session, open_session
 
@@ -85,9 +85,7 @@ def _run_rank(spec: RankSpec, store: Any) -> RankResult:
             m = probe_warmup(m)
         # Warm-up: until the slowest rank's step time settles (autotune.core.stats.SettleRule).
         settle, prune_rule = m.settle_rule(), m.prune_rule()
-        incumbent = None
-        if spec.incumbent is not None and spec.limit is None:
-            incumbent = Interval.from_dict(spec.incumbent)
+        incumbent = spec.incumbent if spec.limit is None else None
         warmup_started = time.perf_counter()
         step_times: list[float] = []
         last_losses: list[Any] = []
@@ -155,7 +153,7 @@ def _windows(s: Session, steps: int) -> tuple[list[float], list[float], list[Any
 
     m, spec = s.spec.measure, s.spec
     stop_rule, prune_rule = m.stop_rule(), m.prune_rule()
-    incumbent = None if spec.incumbent is None else Interval.from_dict(spec.incumbent)
+    incumbent = spec.incumbent
     samples_per_window = steps * s.samples_per_step
     windows: list[float] = []
     seconds: list[float] = []

@@ -12,7 +12,7 @@ from typing import Any
 
 import optuna
 
-from autotune.core.values import number
+from autotune.core.values import number, ratio_interval
 from autotune.limit.probe import summary_line
 from autotune.record import trial as tr
 from autotune.record.attrs import LimitRecord, ValidationRecord, load_readable
@@ -135,7 +135,7 @@ def speedup_figures(study: optuna.Study) -> tuple[Any, Any] | str:
             bars = {"type": "data", "symmetric": False, "array": up, "arrayminus": down}
         x = [n + (OFFSET if key == "revalidated" else 0) for n in p["x"]]  # beside its trial
         rows = zip(p["label"], p["y"], p["low"], p["high"], strict=True)
-        text = [f"{lb}: {y:.2f}x ({lo:.2f}-{h:.2f}x)" for lb, y, lo, h in rows]
+        text = [f"{lb}: {ratio_interval(y, lo, h)}" for lb, y, lo, h in rows]
         pf.add_trace(
             go.Scatter(
                 x=x,

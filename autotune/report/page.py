@@ -18,7 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.core.errors import ConfigError
 from autotune.core.knobs import changed_knobs
-from autotune.core.values import number, precise, speedup, speedup_interval
+from autotune.core.values import number, precise, ratio_interval, speedup, speedup_interval
 from autotune.profile.export import screening_effects, study_profile
 from autotune.record import trial as tr
 from autotune.record.attrs import load_screening
@@ -120,12 +120,12 @@ def _headline(m: dict[str, Any], said: str) -> str:
                 + _as_today(m.get("as_is"))
                 + note_html
             )
-        interval = f"95 % interval {ci[0]:.2f}-{ci[1]:.2f}x, {rounds} interleaved rounds"
+        interval = f"{ratio_interval(sp, ci[0], ci[1])}, {rounds} interleaved rounds"
     elif isinstance(own, dict) and _numbers([own.get(k) for k in ("median", "low", "high")], 3):
         median = own["median"]
         if median > 0:
             low, high = sp * own["low"] / median, sp * own["high"] / median
-            interval = f"95 % interval {low:.2f}-{high:.2f}x, the trial's own windows"
+            interval = f"{ratio_interval(sp, low, high)}, the trial's own windows"
     ci_html = f" <span class=ci>({e(interval)})</span>" if interval else ""
     return (
         f"<p class=headline><span class=big>{speedup(sp)}</span> the defaults{ci_html}</p>"
@@ -182,10 +182,10 @@ def _knob_table(study: optuna.Study, changes: dict[str, Any], knobs: dict[str, A
 
 
 def _share(c: dict[str, Any]) -> str:
-    """An ablated knob's contribution: ``1.21x (1.15-1.27x)``, or why it was not measured."""
+    """An ablated knob's contribution: ``1.21x [1.15, 1.27]``, or why it was not measured."""
     sp = c.get("speedup")
     if _numbers(sp, 3):
-        return f"{sp[1]:.2f}x ({sp[0]:.2f}-{sp[2]:.2f}x)"
+        return ratio_interval(sp[1], sp[0], sp[2])
     return str(c.get("why") or "not measured")
 
 

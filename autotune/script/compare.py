@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.errors import ConfigError
+from autotune.core.values import ratio_interval
 
 __all__ = ["AS_IS", "Arm", "Plan", "Run", "add_compare_parser", "cmd_compare", "ratio", "verdict"]
 
@@ -454,12 +455,12 @@ def ratio(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> A
 
 def verdict(r: Any) -> str:
     """One line from B/A's interval ``r``: B faster or slower beyond the noise, or neither."""
-    said = f"{r.median:.2f}x A [{r.low:.2f}, {r.high:.2f}]"
+    said = ratio_interval(r.median, r.low, r.high)
     if r.low > 1:
-        return f"B is {said}"
+        return f"B is faster: B/A {said}"
     if r.high < 1:
-        return f"B is {said}: slower"
-    return f"no difference beyond the noise (B is {said})"
+        return f"B is slower: B/A {said}"
+    return f"no difference beyond the noise: B/A {said}"
 
 
 def summary(plan: Plan, runs: list[Run]) -> dict[str, Any]:
@@ -523,7 +524,7 @@ def _final_lines(plan: Plan, result: dict[str, Any]) -> list[str]:
         )
     r = result["ratio"]["b_over_a"]
     lines.append(
-        f"B/A  {r['median']:.3f}x [{r['low']:.3f}, {r['high']:.3f}] (95 % interval, "
+        f"B/A  {ratio_interval(r['median'], r['low'], r['high'], digits=3)} (95 % interval, "
         f"{r['n']} paired rounds)"
     )
     lines.append(result["verdict"])

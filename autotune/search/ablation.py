@@ -34,6 +34,7 @@ from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.events import Emit, Note
 from autotune.core.knobs import changed_knobs
 from autotune.core.stats import speedup_ci
+from autotune.core.values import ratio_interval
 from autotune.definition.space import ResolvedSpace
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.measurer import Measurer
@@ -233,20 +234,16 @@ def pin_contribution(validation: ValidationRecord) -> dict[str, Contribution]:
 
 def _say(record: AblationRecord, emit: Emit) -> None:
     for k, c in record.contributions.items():
-        if k == PIN and c.speedup is not None:
-            emit(
-                Note(
-                    f"  {PIN}: {c.speedup[1]:.3f}x ({c.speedup[0]:.3f}-{c.speedup[2]:.3f}), "
-                    f"kept ({c.why})"
-                )
-            )
-        elif c.speedup is not None:
-            low, med, high = c.speedup
-            verdict = "kept" if c.kept else "dropped: no gain beyond the noise"
-            shown = f"{med:.3f}x ({low:.3f}-{high:.3f})"
-            emit(Note(f"  {k}={c.value}: the winner is {shown} itself without it - {verdict}"))
-        else:
+        if c.speedup is None:
             emit(Note(f"  {k}={c.value}: kept ({c.why})"))
+            continue
+        low, med, high = c.speedup
+        shown = ratio_interval(med, low, high, digits=3)
+        if k == PIN:
+            emit(Note(f"  {PIN}: {shown}, kept ({c.why})"))
+        else:
+            verdict = "kept" if c.kept else "dropped: no gain beyond the noise"
+            emit(Note(f"  {k}={c.value}: the winner is {shown} itself without it - {verdict}"))
     if record.together:
         emit(Note("No knob carries the gain alone beyond the noise: they are kept together"))
     if record.joint is not None:
@@ -289,7 +286,7 @@ def _check_joint(
     sp = speedup_ci(runs[WINNER][:k], runs[REDUCED][:k], CONFIDENCE)
     kept_back = sp.low > 1.0
     verdict = "together they carry gain: kept" if kept_back else "no gain beyond the noise: dropped"
-    shown = f"{sp.median:.3f}x ({sp.low:.3f}-{sp.high:.3f})"
+    shown = ratio_interval(sp.median, sp.low, sp.high, digits=3)
     why = f"the winner is {shown} itself without them - {verdict}"
     return JointCheck(
         knobs=knobs,

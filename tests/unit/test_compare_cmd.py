@@ -183,7 +183,7 @@ def test_the_ratio_pairs_rounds_so_a_drift_common_to_both_cancels():
     b = [360.0, 240.0, 120.0]
     r = ratio(a, b)
     assert r.median == pytest.approx(1.2) and r.low == pytest.approx(1.2) == r.high
-    assert verdict(r) == "B is 1.20x A [1.20, 1.20]"
+    assert verdict(r) == "B is faster: B/A 1.20x [1.20, 1.20]"
 
 
 def test_the_ratio_is_the_geometric_mean_of_the_rounds_ratios_with_a_t_interval():
@@ -195,15 +195,15 @@ def test_the_ratio_is_the_geometric_mean_of_the_rounds_ratios_with_a_t_interval(
     half = 3.182446 * sd / 2  # t(0.975, 3) * sd / sqrt(4)
     assert r.median == pytest.approx(math.exp(mean))
     assert (r.low, r.high) == pytest.approx((math.exp(mean - half), math.exp(mean + half)))
-    assert r.low > 1 and verdict(r).startswith("B is 1.21x A [")
+    assert r.low > 1 and verdict(r).startswith("B is faster: B/A 1.21x [")
 
 
 def test_the_verdict_says_slower_and_no_difference_only_when_the_interval_says_so():
     slower = ratio([100.0, 102.0, 98.0], [80.0, 83.0, 78.0])
-    assert slower.high < 1 and verdict(slower).endswith(": slower")
+    assert slower.high < 1 and verdict(slower) == "B is slower: B/A 0.80x [0.78, 0.83]"
     noise = ratio([100.0, 100.0, 100.0], [95.0, 106.0, 101.0])
     assert noise.low < 1 < noise.high
-    assert verdict(noise) == "no difference beyond the noise (B is 1.01x A [0.88, 1.15])"
+    assert verdict(noise) == "no difference beyond the noise: B/A 1.01x [0.88, 1.15]"
 
 
 def test_fewer_than_two_paired_rounds_give_no_ratio():
