@@ -132,6 +132,12 @@ class SearchSpace:
             if micro and not contains(dist, default):  # accumulation 1 is always a candidate
                 dist = CategoricalDistribution(sorted([*dist.choices, default]))
             values = values_of(dist)
+            if values is not None and len(values) == 1 and not lost and values[0] != default:
+                raise ConfigError(  # the user's own one value: the default would never be left
+                    f"search space {self.source or self.name}: {knob.section}.{name} has the "
+                    f"one value {values[0]!r}, not the default {default!r}; add the default to "
+                    f"search both, or set the value in the profile instead of the space"
+                )
             if values is not None and len(values) == 1:
                 dropped.append(Dropped(name, f"only {values[0]!r} is possible here"))
                 continue

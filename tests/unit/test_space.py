@@ -119,6 +119,28 @@ def test_space_must_contain_the_default_because_the_baseline_is_a_point_of_it():
         s.resolve(GPU)
 
 
+def test_a_knob_given_one_value_that_is_not_its_default_is_refused_not_dropped():
+    """The value was asked for: dropping the knob as "only fp16 is possible here" would run
+    the default in every trial without trying it."""
+    s = space("ddp: {comm_hook: {type: categorical, choices: [fp16]}}")
+    with pytest.raises(ConfigError, match=r"ddp.comm_hook has the one value 'fp16', not the "):
+        s.resolve(CPU)
+    # one value that is the default stays a knob with nothing to search, left out saying so
+    r = space(
+        "ddp: {comm_hook: {type: categorical, choices: [none]}, "
+        "bucket_cap_mb: {type: categorical, choices: [5.0, 25.0]}}"
+    ).resolve(CPU)
+    assert "comm_hook" not in r.distributions
+    said = [d.reason for d in r.dropped if d.name == "comm_hook"]
+    assert said == ["only 'none' is possible here"]
+    # a value the hardware took away leaves one that is no choice of the user's: left out too
+    r = space(
+        "precision: {precision: {type: categorical, choices: [fp32, tf32]}}\n"
+        "ddp: {bucket_cap_mb: {type: categorical, choices: [5.0, 25.0]}}"
+    ).resolve(CPU)
+    assert "precision" not in r.distributions
+
+
 def test_gloo_on_cpu_leaves_out_what_cannot_act_and_says_why():
     r = SearchSpace.load("default").resolve(CPU)
     whole = {d.name: d.reason for d in r.dropped if d.whole}
