@@ -136,7 +136,7 @@ class SearchSpace:
                 raise ConfigError(  # the user's own one value: the default would never be left
                     f"search space {self.source or self.name}: {knob.section}.{name} has the "
                     f"one value {values[0]!r}, not the default {default!r}; add the default to "
-                    f"search both, or set the value in the profile instead of the space"
+                    f"its choices (the baseline trial is a point of the space)"
                 )
             if values is not None and len(values) == 1:
                 dropped.append(Dropped(name, f"only {values[0]!r} is possible here"))
