@@ -313,7 +313,10 @@ class TensorBoardTracker:
         self.writer.add_text("run/definition", settings, 0)
         self.writer.flush()
         self.last = 0
-        self.where = f"{self.dir} (tensorboard --logdir {self.dir.parent})"
+        self.where = (
+            f"{self.dir} (tensorboard --logdir {self.dir.parent} --samples_per_plugin text=0: "
+            "without it TensorBoard shows 10 trials' records)"
+        )
 
     def trial(self, rec: TrialRecord) -> None:
         w, n = self.writer, rec.number
