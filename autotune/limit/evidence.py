@@ -47,7 +47,7 @@ back).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from autotune.core.values import nbytes, number, seconds
@@ -304,6 +304,45 @@ class Evidence:
     def off_the_loop(self) -> float:
         """DataLoader workers: the data phase off the training loop at most."""
         return self.speedup_if_saved(self.data_s)
+
+    # -- the step after a change ---------------------------------------------------------
+    def after(self, moves: dict[str, Any]) -> Evidence:
+        """The first measurement predicted on the defaults with ``moves`` applied (the lever a
+        screening found), by the same optimistic model as ``expected_gain``, so that the
+        remaining priors can be rated on top of it: ``self.step_s / self.after(m).step_s`` is
+        ``expected_gain(m, self)`` for one compressing hook, lower precision or workers.
+
+        * a compressing hook (fp16, bf16) halves the wire bytes: the all-reduce loses half its
+          bandwidth part, and the step what that exposed;
+        * lower precision shortens forward and backward; communication the shorter backward no
+          longer hides is exposed;
+        * workers take the data phase off the loop.
+
+        Other moves (bucket sizes, unmodelled knobs) leave the step as measured."""
+        ev = self
+        if ev.world_size > 1 and moves.get("comm_hook") in ("fp16", "bf16"):
+            saved = min(ev.exposed_s, ev.bandwidth_s / 2)
+            ev = replace(
+                ev,
+                comm_s=ev.comm_s - ev.bandwidth_s / 2,
+                grad_bytes=ev.grad_bytes / 2,
+                exposed_s=ev.exposed_s - saved,
+                step_s=ev.step_s - saved,
+            )
+        if moves.get("precision") in ("bf16", "fp16", "tf32"):
+            f = PRECISION_SPEEDUP.get(ev.device, 2.0)
+            saved = (ev.forward_s + ev.backward_s) * (1 - 1 / f)
+            unhidden = max(ev.hidden_s - ev.backward_s / f, 0.0)
+            ev = replace(
+                ev,
+                forward_s=ev.forward_s / f,
+                backward_s=ev.backward_s / f,
+                exposed_s=ev.exposed_s + unhidden,
+                step_s=ev.step_s - max(saved - unhidden, 0.0),
+            )
+        if moves.get("num_workers"):
+            ev = replace(ev, step_s=ev.step_s - ev.data_s, data_s=0.0)
+        return ev
 
 
 def expected_gain(moves: dict[str, Any], ev: Evidence) -> float | None:

@@ -86,10 +86,13 @@ def export_profile(
 def screening_effects(study: optuna.Study) -> dict[str, dict[str, Any]]:
     """The screening's effects as the profile records them: per prior, its speedup over the
     defaults (None when it did not complete), whether it helped (cleared ``HELPS``: it was
-    combined) and, when known, its trial's noise (the 95 % interval's relative half-width)."""
+    combined) and, when known, its trial's noise (the 95 % interval's relative half-width);
+    for a prior screened on top of a lever, the lever (``on_top``) and its ``gain`` over it."""
     out: dict[str, dict[str, Any]] = {}
     for label, x in (load_screening(study) or {}).items():
         out[label] = {"speedup": x.speedup, "helps": x.helps}
+        if x.on_top is not None:
+            out[label].update(on_top=x.on_top, gain=x.gain)
         noise = None if x.interval is None else x.interval.rel_half_width
         if noise is not None and 0 <= noise < 10:
             out[label]["noise"] = round(noise, 4)
@@ -125,11 +128,15 @@ def screening_note(study: optuna.Study) -> str:
     effects = load_screening(study)
     if not effects:
         return ""
-    rows = ["", "## Screening: each knob moved alone from the defaults", ""]
-    rows += ["| knob | trial | state | speedup | helps |", "| --- | --- | --- | --- | --- |"]
+    rows = ["", "## Screening: each knob moved from the defaults, alone or on top of a lever", ""]
+    rows += [
+        "| knob | on top of | trial | state | speedup | gain on top | helps |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for x in effects.values():
         shown = "-" if x.speedup is None else f"{x.speedup:.3f}x"
-        row = [x.label, x.trial, x.state, shown, x.helps]
+        gain = "-" if x.gain is None else f"{x.gain:.3f}x"
+        row = [x.label, x.on_top or "-", x.trial, x.state, shown, gain, x.helps]
         rows.append("| " + " | ".join(str(v).replace("|", "/") for v in row) + " |")
     return "\n".join(rows) + "\n"
 

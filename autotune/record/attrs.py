@@ -110,7 +110,9 @@ class FirstMeasurement:
 @dataclass(frozen=True, kw_only=True)
 class ScreenEffect:
     """One screened prior: its trial, how that ended, its speedup over the defaults (None when
-    it did not end with a measurement) and whether it helps beyond ``screening.HELPS``."""
+    it did not end with a measurement) and whether it helps beyond ``screening.HELPS``. A
+    prior screened on top of a lever (``on_top``: the lever's label) helps by its ``gain``
+    over the lever's trial."""
 
     label: str
     trial: int
@@ -120,6 +122,8 @@ class ScreenEffect:
     helps: bool = False
     moves: dict[str, Any] = field(default_factory=dict)
     reason: str = ""
+    on_top: str | None = None
+    gain: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

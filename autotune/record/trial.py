@@ -54,6 +54,7 @@ __all__ = [
     "loss_curve",
     "measured",
     "measurement",
+    "on_top",
     "reason",
     "reason_detail",
     "rel_noise",
@@ -78,6 +79,7 @@ MARKS: dict[str, type | tuple[type, ...]] = {
     "expected_gain": (int, float),
     "combination": list,
     "fold": str,
+    "on_top": str,
 }
 
 
@@ -186,6 +188,11 @@ def combination(t: AnyTrial) -> list[str] | None:
 
 def fold(t: AnyTrial) -> str | None:
     return _get(t, "fold", str)
+
+
+def on_top(t: AnyTrial) -> str | None:
+    """The lever a screening trial was screened on top of (None: moved alone)."""
+    return _get(t, "on_top", str)
 
 
 # -- what the trial ran and measured -----------------------------------------------------------

@@ -196,10 +196,14 @@ def _screened(study: optuna.Study) -> dict[str, str]:
         if x.speedup is None:
             continue
         noise = None if x.interval is None else x.interval.rel_half_width
-        said = verdict({"speedup": x.speedup, "helps": x.helps, "noise": noise})
+        effect = {"speedup": x.speedup, "helps": x.helps, "noise": noise}
+        said = verdict({**effect, "on_top": x.on_top, "gain": x.gain})
         pm = "" if noise is None else f" ±{noise:.0%}"
+        how = f"alone {x.speedup:.2f}x{pm}"
+        if x.on_top is not None:
+            how = f"on top of {x.on_top} {_fmt(x.gain, '.2f')}x{pm}"
         for knob in x.moves:
-            out.setdefault(knob, f"alone {x.speedup:.2f}x{pm} (screening: {said})")
+            out.setdefault(knob, f"{how} (screening: {said})")
     return out
 
 
@@ -321,10 +325,19 @@ def _screening(study: optuna.Study) -> str:
         return ""
     ranked = sorted(effects.items(), key=lambda kv: -(kv[1]["speedup"] or 0.0))
     rows = [
-        [k, _fmt(x["speedup"], ".3f"), _fmt(x.get("noise"), ".1%"), verdict(x)] for k, x in ranked
+        [
+            k,
+            x.get("on_top") or "",
+            _fmt(x["speedup"], ".3f"),
+            _fmt(x.get("gain"), ".3f"),
+            _fmt(x.get("noise"), ".1%"),
+            verdict(x),
+        ]
+        for k, x in ranked
     ]
-    return "<h2>Screening: each knob moved alone from the defaults</h2>" + html_table(
-        ["knob", "speedup vs the defaults", "trial's noise (±)", "verdict"], rows
+    head = ["knob", "on top of", "speedup vs the defaults", "gain on top", "trial's noise (±)"]
+    return "<h2>Screening: each knob moved alone or on top of a lever</h2>" + html_table(
+        [*head, "verdict"], rows
     )
 
 

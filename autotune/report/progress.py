@@ -204,18 +204,23 @@ def _study_lines(e: ev.StudyOpened) -> list[Text]:
 
 
 def _screening_lines(e: ev.ScreeningDone) -> list[Text]:
-    """Each screened knob's effect alone, best first, and what is combined next."""
-    lines = [Text("Screening: each knob moved alone from the defaults")]
+    """Each screened knob's effect (alone, or on top of the lever: ``+ bucket_cap_mb=5``, its
+    speedup over the defaults and its gain over the lever), best first, and what is combined
+    next."""
+    lines = [Text("Screening: each knob moved alone from the defaults, or on top of the lever")]
     ranked = sorted(e.effects, key=lambda x: -(x["speedup"] or 0.0))
     for x in ranked:
+        label = x["label"] if not x.get("on_top") else f"+ {x['label']}"
         if x["speedup"] is None:
-            lines.append(Text(f"  {x['label']:<30} {x['state'].lower()}", style="dim"))
+            lines.append(Text(f"  {label:<30} {x['state'].lower()}", style="dim"))
             continue
         ci = x.get("interval") or {}
         pm = 100 * ci.get("rel_half_width", 0.0) if isinstance(ci, dict) else 0.0
         said = verdict(x)
-        mark = (said, "green" if said == "helps" else "yellow" if x["helps"] else "dim")
-        lines.append(Text.assemble(f"  {x['label']:<30} {x['speedup']:5.2f}x ±{pm:.1f}%  ", mark))
+        if x.get("on_top") and x.get("gain") is not None:
+            said = f"{said}: {x['gain']:.2f}x on top of {x['on_top']}"
+        mark = (said, "green" if said.startswith("helps") else "yellow" if x["helps"] else "dim")
+        lines.append(Text.assemble(f"  {label:<30} {x['speedup']:5.2f}x ±{pm:.1f}%  ", mark))
     if e.combined:
         lines.append(Text(f"Next: the helpful knobs combined ({', '.join(e.combined)})"))
     return lines

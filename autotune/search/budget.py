@@ -305,6 +305,11 @@ class Budget:
         the quick study 2.7 s against 5-8 s)."""
         return min(self.limit_runs * run_wall_s, LIMIT_SHARE * self.total_s)
 
+    def holds(self, seconds: float, run_wall_s: float) -> bool:
+        """Whether the budget left holds ``seconds`` more and, after them, the limit probes
+        (``limit_reserve_s`` at runs of ``run_wall_s``)."""
+        return self.left_s() - self.limit_reserve_s(run_wall_s) >= seconds
+
     def trial_s(self) -> float | None:
         """A search trial's wall seconds (the median so far); None before any ended."""
         medians = self._medians()

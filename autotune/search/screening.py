@@ -11,6 +11,15 @@ therefore starts (after the baseline) with:
    prior whose optimistic gain is within the baseline's noise is skipped (``plan``; the run
    says which and why). Without one (script mode, or the probe failed) they are screened in
    the order listed, each with its reason;
+   **After a lever, its partners.** Once a screening trial beats the defaults' runs by
+   ``LEVER`` or more (at 500 Mbit, the fp16 hook: 1.6-1.8x), the priors not yet screened are
+   screened *on top of it* (user attribute ``on_top``: the lever's label; their params are the
+   lever's moves and theirs) and rated against the lever's trial: a partner's gain often shows
+   only once the lever took the bottleneck away (5 MB buckets: 1.00x alone, 1.03x on top of the
+   hook). With a first measurement they are ordered and skipped by their gain on the step
+   predicted after the lever (``Evidence.after``). A prior that moves one of the lever's knobs
+   is an alternative to it, still screened alone; priors screened before the lever was found
+   are not screened again on top of it. Each such trial is itself a candidate;
 2. **the defaults again** (a re-anchoring run, ``record.study.enqueue_anchor``): each effect
    is measured against the median of the defaults' runs before and after the screening, so
    that neither a cold first baseline nor drift decides what helps;
@@ -55,12 +64,15 @@ from autotune.record.study import anchors, enqueue_anchor, throughput
 from autotune.record.typed import write
 
 __all__ = ["HELPS", "PRIORS", "Planned", "Prior", "Screening", "applicable", "plan", "ruled_out"]
-__all__ += ["gain", "verdict"]
+__all__ += ["LEVER", "gain", "on_top", "verdict"]
 
 #: The ``anchor`` attribute of the run of the defaults that closes the screening.
 AGAIN = "after screening"
 #: A screened knob helps when its trial's throughput is above the baseline's by this fraction.
 HELPS = 0.02
+#: A screening trial this many times faster than the defaults' runs is the lever: the priors
+#: after it are screened on top of it (module doc).
+LEVER = 1.2
 
 
 def _always(t: Target) -> bool:
@@ -185,6 +197,8 @@ class Planned:
     prior: Prior
     params: dict[str, Any]
     gain: float | None
+    on_top: Prior | None = None
+    """The lever it is screened on top of (its ``gain`` is then over the lever's step)."""
 
 
 def plan(space: ResolvedSpace, evidence: Evidence | None) -> tuple[list[Planned], list[Planned]]:
@@ -203,6 +217,29 @@ def plan(space: ResolvedSpace, evidence: Evidence | None) -> tuple[list[Planned]
     skip = [t for t in rated if t.gain is not None and t.gain <= bar]
     keep.sort(key=lambda t: -(UNMODELLED if t.gain is None else t.gain))  # stable: listed order
     return keep, skip
+
+
+def on_top(
+    space: ResolvedSpace, evidence: Evidence | None, lever: Prior, done: set[str]
+) -> list[Planned]:
+    """The priors not in ``done`` to screen once ``lever`` is found, in order: its partners
+    (priors that move none of its knobs) on top of it, planned on the step predicted after it
+    (``Evidence.after``: rated, ordered and skipped by what they add to it), then its
+    alternatives (priors that move one of its knobs) alone, as ``plan`` had them."""
+    after = None if evidence is None else evidence.after(lever.moves)
+    partners = []
+    for t in plan(space, after)[0]:
+        if t.prior.label in done or set(t.prior.moves) & set(lever.moves):
+            continue
+        params = moved(space, {**lever.moves, **t.prior.moves})
+        if params is not None:
+            partners.append(Planned(t.prior, params, t.gain, on_top=lever))
+    alternatives = [
+        t
+        for t in plan(space, evidence)[0]
+        if t.prior.label not in done and set(t.prior.moves) & set(lever.moves)
+    ]
+    return partners + alternatives
 
 
 #: The most torch.compile is assumed to speed up forward and backward (optimistic: its
@@ -239,11 +276,16 @@ def verdict(effect: dict[str, Any]) -> str:
     trial's own noise (its speedup at the low end of its 95 % interval still above 1; the
     defaults' runs have noise too, so even that is optimistic); ``may help (within its
     noise)`` when it cleared ``HELPS`` but not that - it is still combined, the combination
-    and the re-validation decide; else below or no gain. ``effect``: a ``_summary`` entry or
+    and the re-validation decide; else below or no gain. A prior screened on top of a lever
+    is judged by its ``gain`` over the lever's trial. ``effect``: a ``_summary`` entry or
     ``export.screening_effects``' (``noise``: the interval's relative half-width)."""
     speedup = effect.get("speedup")
     if not isinstance(speedup, (int, float)) or isinstance(speedup, bool):
         return str(effect.get("state", "not measured")).lower()
+    if effect.get("on_top"):  # judged against the lever's trial
+        speedup = effect.get("gain")
+        if not isinstance(speedup, (int, float)) or isinstance(speedup, bool):
+            return "not measured against its lever"
     noise = effect.get("noise")
     interval = effect.get("interval")
     if noise is None and isinstance(interval, dict):
@@ -317,7 +359,8 @@ class Screening:
             if self.untried() or not screened or any(not t.state.is_finished() for t in screened):
                 return False
             kept, moves = _combine(self._summary(screened))
-            self.hurry = len(kept) >= 2 and moved(self.space, moves) is not None
+            params = moved(self.space, moves) if len(kept) >= 2 else None
+            self.hurry = params is not None and params not in [t.params for t in trials]
             return self.hurry
 
     def is_open(self) -> bool:
@@ -328,12 +371,37 @@ class Screening:
         """The planned priors not screened yet (none once the screening is summarised)."""
         if not self.is_open():
             return []
-        done = {
-            tr.screen_label(t)
-            for t in self.study.get_trials(deepcopy=False)
-            if t.state != TrialState.WAITING
-        }
-        return [t for t in plan(self.space, self.evidence)[0] if t.prior.label not in done]
+        trials = self.study.get_trials(deepcopy=False)
+        return self._todo(trials, [t for t in trials if t.state != TrialState.WAITING])
+
+    def lever(self, trials: list[optuna.trial.FrozenTrial]) -> Prior | None:
+        """The prior whose screening trial (moved alone, COMPLETE) beats the median of the
+        defaults' runs so far by ``LEVER`` or more, the fastest such; None before one did."""
+        runs = [throughput(t) for t in anchors(self.study)]
+        if not runs:
+            return None
+        bar = LEVER * statistics.median(runs)
+        by_label = {p.label: p for p in PRIORS}
+        best: tuple[float, Prior] | None = None
+        for t in trials:
+            label = tr.screen_label(t)
+            value = tr.measured(t, "throughput")
+            if label not in by_label or tr.on_top(t) or t.state != TrialState.COMPLETE:
+                continue
+            if value and value >= bar and (best is None or value > best[0]):
+                best = (value, by_label[label])
+        return None if best is None else best[1]
+
+    def _todo(
+        self, trials: list[optuna.trial.FrozenTrial], counted: list[optuna.trial.FrozenTrial]
+    ) -> list[Planned]:
+        """The planned priors that no trial of ``counted`` screened, in the order they are
+        screened: as ``plan`` has them until a lever is found, then ``on_top`` of it."""
+        done = {label for t in counted if (label := tr.screen_label(t)) is not None}
+        lever = self.lever(trials)
+        if lever is None:
+            return [t for t in plan(self.space, self.evidence)[0] if t.prior.label not in done]
+        return on_top(self.space, self.evidence, lever, done)
 
     def step(self) -> ScreeningDone | None:
         """Queue what comes next unless one of ours is queued already: the next prior not yet
@@ -348,12 +416,13 @@ class Screening:
             if summary is not None:  # screened (in this run or an earlier one)
                 self._fold_over(trials, summary)
                 return None
-            done = {tr.screen_label(t) for t in ours}
-            todo = [t for t in plan(self.space, self.evidence)[0] if t.prior.label not in done]
+            todo = self._todo(trials, ours)
             if todo:
                 marks: dict[str, Any] = {"screen": todo[0].prior.label}
                 if todo[0].gain is not None:
                     marks["expected_gain"] = round(todo[0].gain, 4)
+                if todo[0].on_top is not None:
+                    marks["on_top"] = todo[0].on_top.label
                 tr.enqueue(self.study, todo[0].params, **marks)
                 return None
             screened = [t for t in ours if tr.screen_label(t) is not None]
@@ -367,6 +436,8 @@ class Screening:
             save_screening(self.study, summary)
             kept, moves = _combine(summary)
             params = moved(self.space, moves) if len(kept) >= 2 else None
+            if params in [t.params for t in trials]:
+                params = None  # a lever and one partner: screened together already
             labels: list[str] = []
             if params is not None:  # else nothing to combine: the sampler takes over
                 labels = [s.label for s in kept]
@@ -401,6 +472,11 @@ class Screening:
         runs = [throughput(t) for t in anchors(self.study)]
         base_value = statistics.median(runs) if runs else None
         by_label = {p.label: p for p in PRIORS}
+        alone = {
+            tr.screen_label(t): tr.measured(t, "throughput")
+            for t in screened
+            if not tr.on_top(t) and t.state == TrialState.COMPLETE
+        }
         out: dict[str, ScreenEffect] = {}
         for t in screened:
             label = tr.screen_label(t) or ""
@@ -408,6 +484,11 @@ class Screening:
             measured = tr.measured(t, "throughput")
             if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and base_value and measured:
                 speedup = measured / base_value
+            lever = tr.on_top(t)
+            gain = None  # on top of a lever: over the lever's own trial
+            if lever is not None and speedup is not None and alone.get(lever) and measured:
+                gain = measured / alone[lever]
+            over = speedup if lever is None else gain
             prior = by_label.get(label)
             out[label] = ScreenEffect(
                 label=label,
@@ -415,10 +496,10 @@ class Screening:
                 state=t.state.name,
                 speedup=None if speedup is None else round(speedup, 4),
                 interval=tr.interval_record(t),
-                helps=t.state == TrialState.COMPLETE
-                and speedup is not None
-                and speedup > 1 + HELPS,
+                helps=t.state == TrialState.COMPLETE and over is not None and over > 1 + HELPS,
                 moves={} if prior is None else dict(prior.moves),
                 reason="" if prior is None else prior.reason,
+                on_top=lever,
+                gain=None if gain is None else round(gain, 4),
             )
         return out

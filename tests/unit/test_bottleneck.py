@@ -12,7 +12,7 @@ import pytest
 from autotune.core.target import Target
 from autotune.definition.space import SearchSpace
 from autotune.limit.evidence import Evidence, expected_gain, fit_alpha_beta
-from autotune.search.screening import plan
+from autotune.search.screening import PRIORS, on_top, plan
 from tests.conftest import edited
 
 #: A slow link: a 67 MB all-reduce in two buckets takes 0.56 s of a 0.71 s step, nothing hidden
@@ -218,3 +218,54 @@ def test_the_record_round_trips_and_a_crafted_one_is_refused():
             Evidence.from_attrs({**good, key: bad})
     with pytest.raises(ValueError):
         Evidence.from_attrs(["not", "a", "mapping"])
+
+
+# -- the step after a lever ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "moves", [{"comm_hook": "fp16"}, {"precision": "bf16"}, {"num_workers": 2}]
+)
+@pytest.mark.parametrize("record", [COMM_BOUND, COMPUTE_BOUND, LATENCY_BOUND])
+def test_the_step_predicted_after_a_move_is_the_one_its_expected_gain_assumed(moves, record):
+    e = ev(record)
+    after = e.after(moves)
+    assert e.step_s / after.step_s == pytest.approx(expected_gain(moves, e))
+    assert after.step_s > 0 and after.noise == e.noise
+
+
+def test_after_the_hook_smaller_buckets_can_add_more_than_on_the_defaults():
+    # the hook halves what the all-reduce sends, so less of it sticks out beyond the backward
+    # and more of what is left can be overlapped: the partner shows on top of the lever
+    e = ev(COMM_BOUND)
+    after = e.after({"comm_hook": "fp16"})
+    assert after.grad_bytes == e.grad_bytes / 2 and after.comm_s < e.comm_s
+    assert after.exposed_s < e.exposed_s
+    assert expected_gain({"bucket_cap_mb": 5.0}, after) > expected_gain({"bucket_cap_mb": 5.0}, e)
+    # a move without a model leaves the step as measured
+    assert e.after({"static_graph": True}) == e
+    # a second hook on top of the first is rated on the halved bytes: less to gain
+    assert e.after({"comm_hook": "fp16"}).compressed() < e.compressed()
+
+
+def test_after_a_lever_its_partners_are_planned_on_top_of_it_and_its_alternatives_alone():
+    space, e = _space(), ev(COMM_BOUND)
+    hook = next(p for p in PRIORS if p.label == "comm_hook=fp16")
+    bf16 = next(p for p in PRIORS if p.label == "precision=bf16")
+    alone = {t.prior.label for t in plan(space, e)[0]}
+    todo = on_top(space, e, hook, {"comm_hook=fp16"})
+    partners = [t for t in todo if t.on_top is not None]
+    assert partners and all(t.on_top is hook for t in partners)
+    assert all(t.params["comm_hook"] == "fp16" for t in partners)  # the lever's move kept
+    assert "comm_hook=fp16" not in {t.prior.label for t in todo}  # screened already
+    # rated on the step predicted after the hook, not on the defaults'
+    (five,) = [t for t in partners if t.prior.label == "bucket_cap_mb=5"]
+    assert five.gain == pytest.approx(e.after(hook.moves).more_overlap(5.0))
+    assert {t.prior.label for t in partners} <= alone | {"num_workers", "bucket_cap_mb=100"}
+    gains = [t.gain for t in partners if t.gain is not None]
+    assert gains == sorted(gains, reverse=True)
+    # a lever on a knob another prior moves too: that prior is its alternative, moved alone
+    todo = on_top(space, ev(COMPUTE_BOUND), bf16, {"precision=bf16"})
+    assert all(t.params["precision"] == "bf16" for t in todo if t.on_top is bf16)
+    alternatives = [t for t in todo if "precision" in t.prior.moves]
+    assert all(t.on_top is None and t.params["precision"] != "bf16" for t in alternatives)

@@ -185,3 +185,48 @@ def test_the_end_keeps_the_ablation_the_share_the_reserve_kept_for_it():
     assert (top + 1) * rounds * 6.0 <= kept - b.limit_reserve_s(6.0) - ablation
     now[0] += (top + 1) * rounds * 6.0
     assert b.ablation_rounds(3) >= 2  # the ablation still runs
+
+
+def test_a_comparison_whose_runs_outlast_the_plan_stops_at_a_round_the_budget_holds():
+    """The plan is made from the search trials' re-run estimate; where the comparison's own
+    runs take longer, it ends after the last round the budget left holds (with the limit
+    probes after it) instead of running past the budget, and says so."""
+    from autotune.core.events import Note
+    from autotune.core.rank_io import RankResult
+    from autotune.core.results import TrialResult
+    from autotune.search.validation import measure_interleaved
+
+    rank = RankResult(
+        **dict.fromkeys(("rank", "pid", "steps", "samples", "steps_per_window"), 1),
+        **dict.fromkeys(("setup_s", "warmup_s", "measure_s", "loss", "peak_memory_mb"), 0.0),
+        applied={},
+        window_s=3.0,
+        windows=[100.0, 101.0, 99.0],
+        warmup_steps=0,
+        stop="cap",
+        loss_curve=[],
+    )
+
+    now = [0.0]
+    d = StudyDefinition(name="t", budget_s=100.0, limit=False)
+    b = Budget(d, clock=lambda: now[0])
+    b.start()
+
+    def run(key):  # each run 7 s where the plan took 5 s
+        now[0] += 7.0
+        return TrialResult(ranks=[rank], wall_s=7.0)
+
+    said: list = []
+    keys = ["baseline", "a"]
+    order = [k for _ in range(10) for k in keys]  # 10 rounds of 14 s: 140 s in a 100 s budget
+    runs, failed, _ = measure_interleaved(
+        keys, order, run, said.append, essential="baseline", budget=b
+    )
+    assert len(runs["baseline"]) == len(runs["a"]) == 7 and not failed  # 98 s: the 8th is over
+    assert now[0] <= 100.0
+    (note,) = [e.text for e in said if isinstance(e, Note)]
+    assert note.startswith("Stopped after 7 of 10 rounds: the budget left (2 s) holds no")
+    # without a budget, every round of the order runs, as the ablation's tests ask
+    now[0] = 0.0
+    runs, _, _ = measure_interleaved(keys, order, run, said.append, essential="baseline")
+    assert len(runs["a"]) == 10

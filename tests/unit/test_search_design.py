@@ -29,9 +29,14 @@ BASE = {
 }
 
 
-def landscape(effects: dict[tuple[str, object], float], noise: float = 0.0) -> Landscape:
-    """Every point of GRID at 500 samples/s times the effects of its values; windows spread
-    by +-``noise`` around it, the same in every run."""
+def landscape(
+    effects: dict[tuple[str, object], float],
+    noise: float = 0.0,
+    together: dict[tuple[tuple[str, object], ...], float] | None = None,
+) -> Landscape:
+    """Every point of GRID at 500 samples/s times the effects of its values (and of the
+    ``together`` pairs it holds both of); windows spread by +-``noise`` around it, the same in
+    every run."""
     runs = {}
     names = sorted(GRID)
     for combo in itertools.product(*(GRID[n] for n in names)):
@@ -39,6 +44,8 @@ def landscape(effects: dict[tuple[str, object], float], noise: float = 0.0) -> L
         v = 500.0
         for k, x in point.items():
             v *= effects.get((k, x), 1.0)
+        for pair, factor in (together or {}).items():
+            v *= factor if all(point[k] == x for k, x in pair) else 1.0
         ws = [v * (1 + noise), v * (1 - noise), v, v * (1 + noise / 2)]
         runs[point_key(point)] = [Run(ws, 2.0, 4.0), Run(ws[::-1], 2.0, 4.0)]
     return Landscape(GRID, runs, point_key(BASE))
@@ -501,3 +508,37 @@ def test_the_last_trial_the_budget_holds_combines_the_screened_helpers():
         tr.anchor(t) == "after screening" or tr.combination(t) is not None for t in r.study.trials
     ]
     assert sum(kinds) == 2
+
+
+#: static_graph is the lever; 5 MB buckets gain nothing alone and 8 % on top of it (as the fp16
+#: hook and 5 MB buckets at 500 Mbit: 1.00x alone, 1.03x on top of the hook).
+LEVER_AND_PARTNER = {("static_graph", True): 1.5}
+ONLY_ON_TOP = {(("static_graph", True), ("bucket_cap_mb", 5.0)): 1.08}
+
+
+def test_after_a_lever_the_other_priors_are_screened_on_top_of_it_and_its_partner_found():
+    from autotune.record import trial as tr
+
+    r = replay(landscape(LEVER_AND_PARTNER, together=ONLY_ON_TOP), seed=0, n_trials=12)
+    screened = [t for t in r.study.trials if tr.screen_label(t) is not None]
+    assert tr.screen_label(screened[0]) == "static_graph=True" and not tr.on_top(screened[0])
+    for t in screened[1:]:  # every prior after the lever: its moves and the lever's
+        assert tr.on_top(t) == "static_graph=True" and t.params["static_graph"] is True
+        changed = {k for k, v in t.params.items() if BASE.get(k, v) != v} - {"static_graph"}
+        assert len(changed) == 1, (tr.screen_label(t), changed)
+    summary = r.study.user_attrs["screening"]
+    five = summary["bucket_cap_mb=5"]
+    assert five["on_top"] == "static_graph=True" and five["helps"] is True
+    assert five["gain"] == pytest.approx(1.08, rel=0.01)
+    assert five["speedup"] == pytest.approx(1.5 * 1.08, rel=0.01)  # over the defaults
+    assert summary["bucket_cap_mb=100"]["helps"] is False  # nothing on top: no help
+    # the lever with its one partner was the partner's own screening trial: not run again
+    assert not [t for t in r.study.trials if tr.combination(t) is not None]
+    assert r.share == 1.0  # the best point, which no single move reaches
+
+
+def test_without_a_lever_the_priors_are_screened_alone_and_a_partner_stays_unseen():
+    # the same interaction behind a 1.1x move, under LEVER: screened alone as before
+    r = replay(landscape({("static_graph", True): 1.1}, together=ONLY_ON_TOP), seed=0, n_trials=8)
+    screened = [t for t in r.study.trials if "screen" in t.user_attrs]
+    assert screened and not [t for t in screened if "on_top" in t.user_attrs]
