@@ -29,6 +29,9 @@ LIMIT_SHARE = 0.05
 #: What starting new rank processes adds to a run when no trial of this invocation says
 #: (``bench/pool_overhead.py``: 7.6 s of overhead fresh against 3.2 s pooled, docs/benchmark.md).
 FRESH_START_S = 4.5
+#: Fewer rounds than this give a re-validation whose interval is seldom a result (t(1) = 12.7):
+#: the ablation's share goes to the re-validation instead.
+PRECISE_ROUNDS = 3
 #: Rounds of the comparison with the job as it runs today. Its runs start new processes
 #: (about twice a pooled run's cost), and it is the run's second figure, not the one the
 #: search chooses by; but with two rounds a ratio's 95 % interval has t(1) = 12.7 and is no
@@ -114,6 +117,9 @@ class Budget:
         # What a re-validation run of each measured trial would take (its overhead and
         # rerun_windows of its windows): re-validation runs are that short.
         self._rerun_walls: list[float] = []
+        # What the re-validation's runs took (``rerun_done``): once there are any, what
+        # follows it (the ablation, the limit probes) is planned from them.
+        self._reruns_seen: list[float] = []
         #: Runs kept for the limit probes at the end (``autotune.limit.probe``): two, each about
         #: as long as a re-validation run, when the study measures the limit (not in script
         #: mode, which measures only its first measurement).
@@ -176,15 +182,24 @@ class Budget:
             if rerun_wall_s is not None:
                 self._rerun_walls.append(rerun_wall_s)
 
+    def rerun_done(self, wall_s: float) -> None:
+        """A re-measurement run of the re-validation took ``wall_s``."""
+        with self._lock:
+            self._reruns_seen.append(wall_s)
+
     def _medians(self) -> tuple[float, float] | None:
         """(a search trial's wall seconds, a re-validation run's) as the medians so far; None
-        before any trial ended. A failed trial has no re-validation run: when none has one,
-        a run is taken to be as long as a trial."""
+        before any trial ended. A re-validation run's is what the re-validation's runs took,
+        once it ran (a real 4-minute run planned its ablation at 8.5 s a run from the search
+        trials, ran it at 10.3 s, and ended 22 s past its budget); before, the search trials'
+        estimate. A failed trial has no re-validation run: when none has one, a run is taken
+        to be as long as a trial."""
         with self._lock:
             if not self._walls:
                 return None
             wall = statistics.median(self._walls)
-            return wall, statistics.median(self._rerun_walls) if self._rerun_walls else wall
+            reruns = self._reruns_seen or self._rerun_walls
+            return wall, statistics.median(reruns) if reruns else wall
 
     def validation_plan(self, ablate: int = 0, rounds: int | None = None) -> tuple[int, int] | None:
         """(candidates, rounds) of the re-validation at the end of the run; None when no
@@ -193,10 +208,14 @@ class Budget:
         comparison with the job as it runs today where planned, the ablation of ``ablate``
         knobs over ``rounds`` rounds at most (as the reserve kept them, ``reserve_s``), and
         the limit probes - the first two only where one candidate over two rounds still fits
-        beside them, since the choice comes first. It has fewer candidates first, then fewer
-        rounds (at least 2), else None: a budget is kept, not overrun. Where that room holds
-        more rounds than planned, more rounds (up to ``MAX_ROUNDS``): what the search left
-        unspent goes to the precision of the result, not back unused."""
+        beside them, since the choice comes first, and the ablation's only where the
+        re-validation keeps ``PRECISE_ROUNDS`` beside it (a real 4-minute run re-validated
+        over 2 rounds, "not measured precisely enough", to keep an ablation's share; an
+        ablation over 2 rounds proves no knob useless, so it keeps them all anyway). It has
+        fewer candidates first, then fewer rounds (at least 2), else None: a budget is kept,
+        not overrun. Where that room holds more rounds than planned, more rounds (up to
+        ``MAX_ROUNDS``): what the search left unspent goes to the precision of the result, not
+        back unused."""
         medians = self._medians()
         if medians is None:
             return None
@@ -210,7 +229,9 @@ class Budget:
         if self.as_is_planned():
             after += self.as_is_s() or 0.0
         if (1 + 1) * 2 * run <= room - after:  # ...unless the choice itself would not fit
-            room -= after
+            top, rounds = _shrunk(*plan, run, room - after)
+            if rounds >= PRECISE_ROUNDS or (top + 1) * rounds * run > room - after:
+                room -= after  # else the choice takes the ablation's share: see above
         top, rounds = _shrunk(*plan, run, room)
         if (top + 1) * rounds * run > room:
             return None

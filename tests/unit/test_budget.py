@@ -187,6 +187,42 @@ def test_the_end_keeps_the_ablation_the_share_the_reserve_kept_for_it():
     assert b.ablation_rounds(3) >= 2  # the ablation still runs
 
 
+def test_the_re_validation_keeps_three_rounds_before_an_ablation_keeps_its_share():
+    """A real 4-minute lab run at 500 Mbit re-validated its winner over 2 rounds ("not measured
+    precisely enough") to keep the share of an ablation, which then ran 4 rounds past the
+    budget. Replayed on the recorded 500 Mbit landscape at 4 minutes, every re-validation has
+    3 rounds or more, and every run keeps its budget."""
+    from pathlib import Path
+
+    from autotune.record.attrs import ValidationRecord, load
+    from autotune.replay.simulate import Landscape, replay
+    from autotune.search.budget import PRECISE_ROUNDS
+
+    land = Landscape.load(Path(__file__).parents[2] / "bench/landscapes/lab-500mbit.json")
+    rounds = []
+    for seed in range(8):
+        r = replay(land, seed=seed, n_trials=100000, budget_s=240.0)
+        assert r.seconds <= 240.0, (seed, r.seconds)
+        checked = load(r.study, ValidationRecord)
+        if checked is not None:
+            rounds.append(len(checked.measurements["baseline"]))
+    assert len(rounds) >= 6 and min(rounds) >= PRECISE_ROUNDS, rounds
+
+
+def test_once_the_re_validation_ran_what_follows_is_planned_from_its_runs():
+    """A real run planned its ablation at the search trials' 8.5 s a run, ran it at 10.3 s and
+    ended 22 s past its budget: the re-validation's own runs now set what a run takes."""
+    now = [0.0]
+    d = StudyDefinition(name="t", budget_s=240, validate_top=3, validate_rounds=5)
+    b = Budget(d, clock=lambda: now[0])
+    b.trial_done(12.0, rerun_wall_s=8.5)
+    now[0] = 140.0  # 100 s left, 12 s of them kept for the limit probes (5 % of the budget)
+    assert b.ablation_rounds(2) == 3  # 88 s // (3 runs x 8.5 s)
+    for _ in range(4):
+        b.rerun_done(10.3)
+    assert b.ablation_rounds(2) == 2  # 88 s // (3 x 10.3 s)
+
+
 def test_a_comparison_whose_runs_outlast_the_plan_stops_at_a_round_the_budget_holds():
     """The plan is made from the search trials' re-run estimate; where the comparison's own
     runs take longer, it ends after the last round the budget left holds (with the limit

@@ -252,6 +252,7 @@ def test_where_the_job_today_cannot_be_measured_the_record_says_why(stand, budge
             as_is_left_out=lambda arms: "not measured: left out, why",
             phase=lambda name: contextlib.nullcontext(),
             holds=lambda seconds, run_s: True,
+            rerun_done=lambda wall_s: None,
         )
     _, record, _ = run_revalidation(stand, budget=budget)
     assert record is not None and record.as_is is not None
