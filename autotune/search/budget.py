@@ -228,10 +228,11 @@ class Budget:
         after = self._ablation_s(ablate, n, run)  # what follows keeps its share...
         if self.as_is_planned():
             after += self.as_is_s() or 0.0
-        if (1 + 1) * 2 * run <= room - after:  # ...unless the choice itself would not fit
-            top, rounds = _shrunk(*plan, run, room - after)
-            if rounds >= PRECISE_ROUNDS or (top + 1) * rounds * run > room - after:
-                room -= after  # else the choice takes the ablation's share: see above
+        # ...unless the choice itself would not fit beside it, or only over fewer rounds
+        # than PRECISE_ROUNDS: the choice then takes that share (see above)
+        fits = (1 + 1) * 2 * run <= room - after
+        if fits and _shrunk(*plan, run, room - after)[1] >= PRECISE_ROUNDS:
+            room -= after
         top, rounds = _shrunk(*plan, run, room)
         if (top + 1) * rounds * run > room:
             return None
