@@ -3,6 +3,7 @@
 #
 #   bench/gpu_session.sh setup check tests          # the install, the device, tests/.../test_gpu.py
 #   bench/gpu_session.sh setup tune:transformer     # a tuning run, then its profile applied
+#   bench/gpu_session.sh setup script               # docs/script-mode.md's example, script mode
 #
 # `setup` installs autotune and what the machine lacks from .whl/ (wheels, and Ray repacked as
 # .tar.xz: its wheel is over one transfer's limit). Every step logs to
@@ -39,7 +40,7 @@ print(json.dumps(describe('nccl'), indent=1))"
 
 tests() {
     python3 -m pytest -v -s -p no:cacheprovider -o addopts= tests/integration/test_gpu.py \
-        tests/integration/test_gpu_run.py ${TESTS_K:+-k "$TESTS_K"}
+        tests/integration/test_gpu_run.py tests/integration/test_gpu_script.py ${TESTS_K:+-k "$TESTS_K"}
 }
 
 unit() {
@@ -68,6 +69,29 @@ tune() {
         autotune launch "$prof" -- torchrun --nproc-per-node 1 bench/apply_profile.py "$prof" \
             --seconds 12
     done
+}
+
+# docs/script-mode.md's example as written (nccl and one rank per GPU where there is one), tuned
+# in script mode from a fresh directory, then its profile against the script as it is, in
+# interleaved rounds (autotune compare). The run's directory (logs, study) lands in $OUT/script-home.tgz.
+script() {
+    local dir started=$SECONDS prof gpus
+    dir=$(mktemp -d)
+    python3 - "$dir/train.py" <<'PY'
+import re, sys
+from pathlib import Path
+page = Path("docs/script-mode.md").read_text().split("## A complete example", 1)[1]
+Path(sys.argv[1]).write_text(re.search(r"```python\n(.*?)```", page, re.S).group(1))
+PY
+    gpus=$(python3 -c "import torch; print(max(1, torch.cuda.device_count()))")
+    (cd "$dir" && autotune run --budget "$BUDGET" --global-batch 128 --seed 0 \
+        -- torchrun --nproc-per-node "$gpus" train.py --lr 3e-4)
+    echo "autotune run: $((SECONDS - started)) s in all"
+    prof=$(ls -t "$AUTOTUNE_HOME"/profiles/*script*.yaml | head -1)
+    cp "$prof" "$OUT/script-profile.yaml"
+    (cd "$dir" && autotune compare asis "$prof" --rounds "${ROUNDS:-3}" \
+        -- torchrun --nproc-per-node "$gpus" train.py --lr 3e-4)
+    tar czf "$OUT/script-home.tgz" -C "$AUTOTUNE_HOME" .
 }
 
 for step in "$@"; do
