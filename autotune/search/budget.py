@@ -332,6 +332,19 @@ class Budget:
         (``limit_reserve_s`` at runs of ``run_wall_s``)."""
         return self.left_s() - self.limit_reserve_s(run_wall_s) >= seconds
 
+    def nothing_to_keep(self) -> bool:
+        """Whether a reserve would buy nothing: the budget as a whole plans a re-validation
+        (``validation_plan``), but the budget left no longer holds even its least (one
+        candidate over two rounds, beside the limit probes; ``Budget.validation_plan`` is
+        None). Whatever the search kept for it would go back unused: a real 1-minute script
+        run stopped its search with 22 s left, kept 28 s for one candidate, re-validated
+        nothing and returned 21 s."""
+        medians = self._medians()
+        if medians is None:
+            return False
+        planned = validation_plan(self.d, self.total_s, medians[1]) is not None
+        return planned and self.validation_plan() is None
+
     def trial_s(self) -> float | None:
         """A search trial's wall seconds (the median so far); None before any ended."""
         medians = self._medians()

@@ -118,6 +118,7 @@ class Search:
         self._held = threading.local()
         self._finished = 0  # trials this invocation ran to an end
         self._stale = 0  # of them, in a row, not better than the best before them
+        self._said_no_reserve = False  # the search goes on without a reserve: said once
         self._best: float | None = None
         self.stop: StopRecord | None = None
         """Why the search stopped (``autotune.search.stop``)."""
@@ -300,6 +301,8 @@ class Search:
             return True
         if self._partners_first(left, wall, self.budget.reserve_s(to_revalidate=1, rounds=rounds)):
             return True
+        if self.budget.nothing_to_keep():  # the reserve would go back unused: trials instead
+            return self._on_without_reserve(left, wall)
         what = f"{qualify} candidate(s)" if qualify else "no candidate"
         self._stopped(
             "budget",
@@ -310,6 +313,26 @@ class Search:
             kept_s=kept,
         )
         return False
+
+    def _on_without_reserve(self, left: float, wall: float) -> bool:
+        """The budget left holds no re-validation at all (``Budget.nothing_to_keep``): the
+        search goes on while a trial and the limit probes fit, said once, and the export will be
+        the best trial as measured; else it stops, saying so."""
+        probe = " and the limit probe" if self.budget.limit_runs else ""
+        if not self.budget.holds(wall, wall):
+            why = f"{left:.0f} s left does not hold a trial ({wall:.0f} s){probe}"
+            self._stopped("budget", why)
+            return False
+        if not self._said_no_reserve:
+            self._said_no_reserve = True
+            self.emit(
+                Note(
+                    f"Nothing kept for re-validation: the {left:.0f} s left hold not even one "
+                    "candidate over 2 rounds; the search goes on while the budget holds a "
+                    f"trial ({wall:.0f} s){probe}, and the best is exported as measured"
+                )
+            )
+        return True
 
     def _partners_first(self, left: float, wall: float, kept: float) -> bool:
         """Whether the screened helpers' combination is the next trial, the last the budget

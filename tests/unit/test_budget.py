@@ -101,6 +101,24 @@ def test_the_room_kept_is_for_the_candidates_there_are_and_the_ablation_of_the_b
     assert b.room_for_another(to_revalidate=1, ablate=1)  # one knob: nothing to ablate
 
 
+def test_a_reserve_that_could_no_longer_buy_a_re_validation_is_not_kept():
+    # a 1-minute script run: 7 s trials, one candidate over 2 rounds takes 28 s
+    b = budget(60)
+    b.limit_runs = 0  # script mode: no limit probe
+    b.trial_done(7.0, rerun_wall_s=7.0)
+    assert validation_plan(b.d, 60, 7.0) == (1, 2)  # the budget as a whole plans one
+    b.started -= 60 - 30  # 30 s left: the re-validation still fits, the reserve keeps it
+    assert b.validation_plan() == (1, 2) and not b.nothing_to_keep()
+    assert not b.room_for_another(to_revalidate=1)  # 30 s < 7 s + 28 s: the search stops
+    b.started -= 8  # 22 s left (the trial in flight ran on): no re-validation fits any more; a reserve would buy nothing
+    assert b.validation_plan() is None and b.nothing_to_keep()
+    assert b.holds(7.0, 7.0)  # while the trials themselves still fit
+    # where the budget as a whole plans none, there was never a reserve to drop
+    short = budget(20)
+    short.trial_done(7.0, rerun_wall_s=7.0)
+    assert validation_plan(short.d, 20, 7.0) is None and not short.nothing_to_keep()
+
+
 def test_failed_trials_count_for_the_trial_wall_not_for_the_rerun():
     b = budget(600)
     b.trial_done(50.0)  # a failure: no re-validation run of it

@@ -542,3 +542,23 @@ def test_without_a_lever_the_priors_are_screened_alone_and_a_partner_stays_unsee
     r = replay(landscape({("static_graph", True): 1.1}, together=ONLY_ON_TOP), seed=0, n_trials=8)
     screened = [t for t in r.study.trials if "screen" in t.user_attrs]
     assert screened and not [t for t in screened if "on_top" in t.user_attrs]
+
+
+def test_a_reserve_that_can_no_longer_buy_a_re_validation_goes_to_more_trials(monkeypatch):
+    from autotune.core.events import Note
+    from autotune.search.budget import Budget
+
+    def run():
+        notes: list[str] = []
+        emit = lambda e: notes.append(e.text) if isinstance(e, Note) else None  # noqa: E731
+        r = replay(landscape(TWO_HELP), seed=0, n_trials=1000, budget_s=40, emit=emit)
+        return r, [n for n in notes if n.startswith("Nothing kept for re-validation")]
+
+    r, said = run()
+    assert r.stop == "budget" and len(said) == 1, said
+    assert "the search goes on while the budget holds a trial" in said[0]
+    assert r.seconds >= 0.9 * 40  # the budget is used, not returned
+    # with the reserve kept to the end, the search stopped with half of the budget unused
+    monkeypatch.setattr(Budget, "nothing_to_keep", lambda self: False)
+    kept, said = run()
+    assert not said and kept.seconds < 0.6 * 40 and kept.trials < r.trials
