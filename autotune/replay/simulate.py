@@ -15,9 +15,14 @@ The landscape's ``first_measurement`` (the defaults' probe) answers the search's
 without one (or ``evidence=False``) the screening goes in the priors' listed order.
 
 A landscape's ``failing`` values (``knob=value`` -> (reason, seconds)) fail every point with
-them after that many simulated seconds, as a value that times out on real hardware does.
+them after that many simulated seconds, as a value that times out on real hardware does. Its
+``drift`` (a fraction per simulated hour) scales every window of every point alike by ``1 +
+drift x hours`` at the run's start, as a machine that slows down does: a real 2-hour run's
+defaults read 436 samples/s at its start and 327-333 at 39 minutes (about -0.38 an hour). A
+landscape file may name a ``base`` landscape (a path beside it) and add only ``drift`` and
+``failing`` to it (``bench/landscapes/default-loopback-drifting.json``).
 
-What it does not model: drift of the machine over time (a run is drawn at random, not in
+What it does not model: drift other than that steady one (a run is drawn at random, not in
 order), runs longer than the recorded windows (they stop at the ``cap``), failures other than
 ``failing``'s, and the cold first baseline unless ``cold_first`` (the first run of the study is
 then scaled by the recorded cold/warm ratio).
@@ -86,10 +91,26 @@ class Landscape:
     """The defaults' limit probe (``record_landscape``'s ``first_measurement``), if recorded."""
     failing: dict[str, tuple[str, float]] = field(default_factory=dict)
     """``knob=value`` -> (failure reason, simulated seconds): every point with it fails so."""
+    drift: float = 0.0
+    """The machine's throughput change per simulated hour, a fraction (every point alike)."""
+
+    def drifted(self, at_s: float) -> float:
+        """The factor on every window of a run that starts at ``at_s`` simulated seconds
+        (never below a tenth: a machine does not stop)."""
+        return max(0.1, 1.0 + self.drift * at_s / 3600.0)
 
     @classmethod
     def load(cls, path: Path | str) -> Landscape:
         raw = json.loads(Path(path).read_text())
+        if "base" in raw:  # a recorded landscape, with the drift and failing values it adds
+            base = cls.load(Path(path).parent / raw["base"])
+            failing = {k: (str(r), float(s)) for k, (r, s) in raw.get("failing", {}).items()}
+            return replace(
+                base,
+                drift=float(raw.get("drift", 0.0)),
+                failing={**base.failing, **failing},
+                meta={**base.meta, "base": raw["base"]},
+            )
         runs = {
             k: [
                 Run(r["windows"], r["overhead_s"], r["window_s"])
@@ -216,6 +237,7 @@ class ReplayMeasurer:
                 raise TrialFailed(reason, f"{value} fails in this landscape")
         run = self.rng.choice(self.landscape.runs[key])
         scale = self.landscape.cold_ratio if self._cold else 1.0
+        scale *= self.landscape.drifted(self.clock)
         self._cold = False
         stop_rule, prune_rule = m.stop_rule(), m.prune_rule()
         windows: list[float] = []

@@ -110,7 +110,9 @@ def test_a_reserve_that_could_no_longer_buy_a_re_validation_is_not_kept():
     b.started -= 60 - 30  # 30 s left: the re-validation still fits, the reserve keeps it
     assert b.validation_plan() == (1, 2) and not b.nothing_to_keep()
     assert not b.room_for_another(to_revalidate=1)  # 30 s < 7 s + 28 s: the search stops
-    b.started -= 8  # 22 s left (the trial in flight ran on): no re-validation fits any more; a reserve would buy nothing
+    # 22 s left (the trial in flight ran on): no re-validation fits any more, so a reserve
+    # would buy nothing
+    b.started -= 8
     assert b.validation_plan() is None and b.nothing_to_keep()
     assert b.holds(7.0, 7.0)  # while the trials themselves still fit
     # where the budget as a whole plans none, there was never a reserve to drop

@@ -121,3 +121,31 @@ def test_on_the_lab_landscape_the_tuner_does_at_least_as_well_as_random_search()
     assert tuner["at_98"] >= 0.75 and tuner["at_98"] > rand["at_98"], table
     assert tuner["beats_or_ties"] >= 0.75, tuner
     assert tuner["wins"] > tuner["losses"], tuner
+
+
+DRIFTING = REPO / "bench" / "landscapes" / "default-loopback-drifting.json"
+
+
+def test_a_drifting_landscape_slows_every_run_alike_and_its_failing_value_times_out():
+    from autotune.record import trial as tr
+    from autotune.record.study import anchors, throughput
+
+    land, base = Landscape.load(DRIFTING), Landscape.load(LANDSCAPE)
+    assert land.runs == base.runs and land.drift == -0.38
+    assert land.failing == {"num_workers=2": ("timeout", 51.0)}
+    assert land.drifted(0) == 1.0 and math.isclose(land.drifted(1800), 0.81)
+
+    def defaults(landscape):
+        r = replay(landscape, seed=0, n_trials=1000, budget_s=1800, early_stop=False)
+        return r, [throughput(t) for t in anchors(r.study)]
+
+    r, runs = defaults(land)
+    # the runs of the defaults read lower as the half hour goes on, as the drift says (0.81
+    # at its end); on the recorded landscape the same seed's stay within its noise
+    assert len(runs) >= 10 and runs[-1] < 0.85 * runs[0], runs
+    steady = defaults(base)[1]
+    assert min(steady) > 0.95 * steady[0], steady
+    # the value that times out ran twice, each 51 s, then no more (search.failing)
+    failed = [t for t in r.study.trials if t.params.get("num_workers") == 2]
+    reasons = [tr.reason(t) for t in failed if t.state.name == "FAIL"]
+    assert reasons[:2] == ["timeout", "timeout"] and set(reasons[2:]) <= {"known_failing"}
