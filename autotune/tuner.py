@@ -275,6 +275,9 @@ def _checked(req: RunRequest) -> tuple[StudyDefinition, Workload | ScriptJob, Se
         )
     else:
         workload = load_workload(d.trainer, d.trainer_options)
+    backend = _known_backend(d.backend, req.address)
+    if backend is not None:
+        space.check_acts_on(backend)
     storage_url = req.storage_url or storage_mod.default_url(req.run_dir)
     check_writable(req.run_dir, flag="--run-dir", directory=True)
     if req.profile_path is not None:
@@ -287,6 +290,23 @@ def _checked(req: RunRequest) -> tuple[StudyDefinition, Workload | ScriptJob, Se
     job = workload.name if isinstance(workload, ScriptJob) else d.trainer.replace(":", ".")
     check_studies(storage_url, name=req.study_name, prefix=f"{d.name}-{job}-")
     return d, workload, space, storage_url
+
+
+def _known_backend(backend: str, address: str | None) -> str | None:
+    """The backend a run will use, where it is known before Ray starts: on a cluster
+    (``--address``, ``RAY_ADDRESS``) the one asked for, its GPUs deciding ``auto``; on this
+    machine nccl where torch sees a GPU, as Ray will, and ``--backend nccl`` without one is
+    refused now, not once Ray has started."""
+    if address is not None or os.environ.get("RAY_ADDRESS", "").strip():
+        return None if backend == "auto" else backend
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if backend == "nccl" and not gpus:
+        raise ConfigError(
+            "--backend nccl: this machine has no GPU (torch sees none); use --backend gloo"
+        )
+    return backend if backend != "auto" else ("nccl" if gpus else "gloo")
 
 
 def _search_and_conclude(

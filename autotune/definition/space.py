@@ -149,11 +149,45 @@ class SearchSpace:
                 )
             kept[name] = dist
         if not kept:
-            raise ConfigError(
-                f"search space {self.source or self.name}: nothing left to tune on "
-                f"{target.backend}/{target.device}; left out: " + "; ".join(map(str, dropped))
-            )
+            raise self._nothing_left(target, dropped)
         return ResolvedSpace(target=target, distributions=kept, dropped=dropped)
+
+    def check_acts_on(self, backend: str) -> None:
+        """Before anything starts: refuse a space of which nothing can act on ``backend``
+        even on the most capable machine of it (every core, bf16 and TF32 units,
+        ``torch.compile``), with ``resolve``'s one line; ``resolve`` checks again against the
+        machine the run gets. A space of NCCL variables alone on gloo was refused only after
+        Ray had started."""
+        device = "cuda" if backend == "nccl" else "cpu"
+        best = Target(
+            backend=backend,
+            device=device,
+            world_size=2,
+            global_batch=1 << 20,
+            cpus_per_rank=1 << 10,
+            bf16=True,
+            bf16_native=True,
+            tf32=device == "cuda",
+            compile_problem=None,
+        )
+        dropped: list[Dropped] = []
+        for name, dist in self.distributions.items():
+            reason = KNOBS[name].drop(best)
+            if reason:
+                dropped.append(Dropped(name, reason))
+                continue
+            dist, lost = _drop_choices(name, dist, best)
+            values = values_of(dist)
+            if not (lost and values is not None and len(values) <= 1):
+                return  # this one may act: resolve decides against the real machine
+            dropped += lost
+        raise self._nothing_left(best, dropped)
+
+    def _nothing_left(self, target: Target, dropped: list[Dropped]) -> ConfigError:
+        return ConfigError(
+            f"search space {self.source or self.name}: nothing left to tune on "
+            f"{target.backend}/{target.device}; left out: " + "; ".join(map(str, dropped))
+        )
 
 
 def _checked_dimension(name: str, spec: Any, *, where: str) -> BaseDistribution:

@@ -34,6 +34,8 @@ FILES = {
     "bad_fn.py": "def workload():\n    raise ValueError('no workload today')\n",
     "not_fn.py": "workload = 3\n",
     "inf_space.yaml": "ddp:\n  bucket_cap_mb: {type: float, low: 1, high: .inf}\n",
+    "nccl_space.yaml": "nccl:\n  NCCL_ALGO: {type: categorical, choices: [default, Ring]}\n",
+    "hook_space.yaml": "ddp:\n  comm_hook: {type: categorical, choices: [none, bf16, powersgd]}\n",
     "typo_study.yaml": "trainer: mlp\nbudgte: 1m\n",
     "zero_world.yaml": "trainer: mlp\nworld_size: 0\n",
     "a_file": "not a directory\n",
@@ -99,6 +101,15 @@ CASES: dict[str, tuple[list[str], str]] = {
     "trainer option bad YAML": (["run", "--trainer-option", "width=[1"], "--trainer-option"),
     # run: files and names
     "space with infinite bound": (["run", "--space", "inf_space.yaml"], "finite"),
+    # a space of which nothing acts on the backend: refused before Ray starts, not after
+    "space of NCCL variables on gloo": (
+        ["run", "--backend", "gloo", "--space", "nccl_space.yaml"],
+        "nothing left to tune on gloo/cpu; left out: NCCL_ALGO",
+    ),
+    "space of hooks gloo cannot run": (
+        ["run", "--backend", "gloo", "--space", "hook_space.yaml"],
+        "nothing left to tune on gloo/cpu",
+    ),
     "study file with a typo": (["run", "--study", "typo_study.yaml"], "budgte"),
     "study file world size zero": (["run", "--study", "zero_world.yaml"], "world_size"),
     "study name with ..": (["run", "--study-name", "../../x"], "--study-name"),
@@ -150,6 +161,12 @@ CASES: dict[str, tuple[list[str], str]] = {
     "lab exec without a command": (["lab", "exec"], "lab"),
     "unknown subcommand": (["frobnicate"], "frobnicate"),
 }
+
+if not __import__("torch").cuda.is_available():  # on a GPU machine nccl runs
+    CASES["run nccl on a machine without a GPU"] = (
+        ["run", "--backend", "nccl"],
+        "--backend nccl: this machine has no GPU (torch sees none); use --backend gloo",
+    )
 
 
 @pytest.fixture(scope="module")
