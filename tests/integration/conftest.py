@@ -114,7 +114,10 @@ def trial_running(
                 study.append(optuna.load_study(study_name=study_name, storage=f"sqlite:///{db}"))
             except KeyError:  # not created yet
                 return False
-            except sqlalchemy.exc.OperationalError:  # the run is creating the tables this moment
+            except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError):
+                # the run is creating the tables this moment: "table studies already exists",
+                # or (seen in CI) both stamped the schema's version, "UNIQUE constraint
+                # failed: alembic_version.version_num"; the next poll reads them
                 return False
         trials = study[0].get_trials(deepcopy=False)
         if len(trials) <= number or trials[-1].state != TrialState.RUNNING:
