@@ -275,9 +275,7 @@ def _checked(req: RunRequest) -> tuple[StudyDefinition, Workload | ScriptJob, Se
         )
     else:
         workload = load_workload(d.trainer, d.trainer_options)
-    backend = _known_backend(d.backend, req.address)
-    if backend is not None:
-        space.check_acts_on(backend)
+    _check_backend(space, d.backend, req.address)
     storage_url = req.storage_url or storage_mod.default_url(req.run_dir)
     check_writable(req.run_dir, flag="--run-dir", directory=True)
     if req.profile_path is not None:
@@ -292,21 +290,37 @@ def _checked(req: RunRequest) -> tuple[StudyDefinition, Workload | ScriptJob, Se
     return d, workload, space, storage_url
 
 
-def _known_backend(backend: str, address: str | None) -> str | None:
-    """The backend a run will use, where it is known before Ray starts: on a cluster
-    (``--address``, ``RAY_ADDRESS``) the one asked for, its GPUs deciding ``auto``; on this
-    machine nccl where torch sees a GPU, as Ray will, and ``--backend nccl`` without one is
-    refused now, not once Ray has started."""
-    if address is not None or os.environ.get("RAY_ADDRESS", "").strip():
-        return None if backend == "auto" else backend
-    import torch
-
-    gpus = torch.cuda.device_count()
-    if backend == "nccl" and not gpus:
+def _check_backend(space: SearchSpace, backend: str, address: str | None) -> None:
+    """Before Ray starts: refuse a space of which nothing acts on the run's backend
+    (``SearchSpace.check_acts_on``), where that backend is known now - the one asked for, or
+    for ``auto`` on this machine (no ``--address``, no ``RAY_ADDRESS``) nccl where torch sees a
+    GPU, as Ray will; on a cluster its GPUs decide ``auto`` later. ``--backend nccl`` on this
+    machine without a GPU is refused now too. torch is imported only where the answer needs
+    it: a space that acts on both backends needs no backend to be known."""
+    on_cluster = address is not None or bool(os.environ.get("RAY_ADDRESS", "").strip())
+    if backend == "auto":
+        if on_cluster or all(_acts_on(space, b) for b in ("gloo", "nccl")):
+            return
+        backend = "nccl" if _local_gpus() else "gloo"
+    elif backend == "nccl" and not on_cluster and not _local_gpus():
         raise ConfigError(
             "--backend nccl: this machine has no GPU (torch sees none); use --backend gloo"
         )
-    return backend if backend != "auto" else ("nccl" if gpus else "gloo")
+    space.check_acts_on(backend)
+
+
+def _acts_on(space: SearchSpace, backend: str) -> bool:
+    try:
+        space.check_acts_on(backend)
+    except ConfigError:
+        return False
+    return True
+
+
+def _local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def _search_and_conclude(
