@@ -52,6 +52,7 @@ from autotune.definition.durations import format_duration
 from autotune.definition.paths import check_study_name, check_writable, file_stem
 from autotune.definition.space import SearchSpace
 from autotune.definition.studydef import StudyDefinition
+from autotune.launch.address import resolve as resolve_address
 from autotune.launch.cluster import RankPlan, RayConnection, connect, plan_ranks
 from autotune.launch.failures import first_line
 from autotune.launch.launcher import PLACEMENT_TIMEOUT_S, TrialRunner
@@ -292,29 +293,23 @@ def _checked(req: RunRequest) -> tuple[StudyDefinition, Workload | ScriptJob, Se
 
 def _check_backend(space: SearchSpace, backend: str, address: str | None) -> None:
     """Before Ray starts: refuse a space of which nothing acts on the run's backend
-    (``SearchSpace.check_acts_on``), where that backend is known now - the one asked for, or
-    for ``auto`` on this machine (no ``--address``, no ``RAY_ADDRESS``) nccl where torch sees a
-    GPU, as Ray will; on a cluster its GPUs decide ``auto`` later. ``--backend nccl`` on this
-    machine without a GPU is refused now too. torch is imported only where the answer needs
-    it: a space that acts on both backends needs no backend to be known."""
-    on_cluster = address is not None or bool(os.environ.get("RAY_ADDRESS", "").strip())
+    (``SearchSpace.nothing_acts_on``), where that backend is known now - the one asked for, or
+    for ``auto`` on this machine (no ``--address``, no ``RAY_ADDRESS``: ``address.resolve``)
+    nccl where torch sees a GPU, as Ray will; on a cluster its GPUs decide ``auto`` later.
+    ``--backend nccl`` on this machine without a GPU is refused now too. torch is imported only
+    where the answer needs it: a space that acts on both backends needs no backend known."""
+    on_cluster = resolve_address(address)[0] is not None
+    problems = {b: space.nothing_acts_on(b) for b in ("gloo", "nccl")}
     if backend == "auto":
-        if on_cluster or all(_acts_on(space, b) for b in ("gloo", "nccl")):
+        if on_cluster or not any(problems.values()):
             return
         backend = "nccl" if _local_gpus() else "gloo"
     elif backend == "nccl" and not on_cluster and not _local_gpus():
         raise ConfigError(
             "--backend nccl: this machine has no GPU (torch sees none); use --backend gloo"
         )
-    space.check_acts_on(backend)
-
-
-def _acts_on(space: SearchSpace, backend: str) -> bool:
-    try:
-        space.check_acts_on(backend)
-    except ConfigError:
-        return False
-    return True
+    if problems[backend] is not None:
+        raise problems[backend]
 
 
 def _local_gpus() -> int:

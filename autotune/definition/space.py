@@ -152,12 +152,12 @@ class SearchSpace:
             raise self._nothing_left(target, dropped)
         return ResolvedSpace(target=target, distributions=kept, dropped=dropped)
 
-    def check_acts_on(self, backend: str) -> None:
-        """Before anything starts: refuse a space of which nothing can act on ``backend``
-        even on the most capable machine of it (every core, bf16 and TF32 units,
-        ``torch.compile``), with ``resolve``'s one line; ``resolve`` checks again against the
-        machine the run gets. A space of NCCL variables alone on gloo was refused only after
-        Ray had started."""
+    def nothing_acts_on(self, backend: str) -> ConfigError | None:
+        """Before anything starts: ``resolve``'s one-line error where nothing of this space can
+        act on ``backend`` even on the most capable machine of it (every core, bf16 and TF32
+        units, ``torch.compile``); None where something may (``resolve`` then decides against
+        the machine the run gets). A space of NCCL variables alone on gloo was refused only
+        after Ray had started."""
         device = "cuda" if backend == "nccl" else "cpu"
         best = Target(
             backend=backend,
@@ -179,9 +179,9 @@ class SearchSpace:
             dist, lost = _drop_choices(name, dist, best)
             values = values_of(dist)
             if not (lost and values is not None and len(values) <= 1):
-                return  # this one may act: resolve decides against the real machine
+                return None  # this one may act
             dropped += lost
-        raise self._nothing_left(best, dropped)
+        return self._nothing_left(best, dropped)
 
     def _nothing_left(self, target: Target, dropped: list[Dropped]) -> ConfigError:
         return ConfigError(
