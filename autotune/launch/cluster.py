@@ -37,6 +37,7 @@ import os
 import secrets
 import shutil
 import signal
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -60,6 +61,8 @@ _TEMP_PREFIX = "autotune-ray-"
 SHIP_EXCLUDES = (".git", "__pycache__", ".venv")
 #: The variables a local instance started here runs with; restored when it closes.
 _PRIVATE_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_TMPDIR")
+#: Ray's driver reads it as it prints a line of its own ("0": no colour codes).
+_COLOR_VAR = "RAY_COLOR_PREFIX"
 
 
 @functools.cache
@@ -133,6 +136,8 @@ class RayConnection:
     """The local instance's session directory, as ``ray.init`` returned it."""
     reaper: Reaper | None = None
     private: _Private | None = None
+    color_set: bool = False
+    """``RAY_COLOR_PREFIX`` was set by ``connect`` (``_plain_ray_lines``): unset on close."""
 
     def describe(self) -> str | None:
         """The line a run prints about a cluster it joined; None for a local instance."""
@@ -145,11 +150,27 @@ class RayConnection:
     def close(self) -> None:
         import ray
 
-        if self.owned and self.reaper is not None:
-            reaper, self.reaper = self.reaper, None
-            _end(reaper, self.private)
-        elif self.owned and ray.is_initialized():
-            ray.shutdown()
+        try:
+            if self.owned and self.reaper is not None:
+                reaper, self.reaper = self.reaper, None
+                _end(reaper, self.private)
+            elif self.owned and ray.is_initialized():
+                ray.shutdown()
+        finally:
+            if self.color_set:
+                self.color_set = False
+                os.environ.pop(_COLOR_VAR, None)
+
+
+def _plain_ray_lines() -> bool:
+    """Where this process's stdout is not a terminal (a pipe, a log file), the lines Ray's
+    driver prints itself (a worker's death, from the raylet, even with ``log_to_driver``
+    off) come without colour codes: ``RAY_COLOR_PREFIX=0``, unless the user set it. True when
+    it was set here (``RayConnection.close`` restores it)."""
+    if sys.stdout.isatty() or _COLOR_VAR in os.environ:
+        return False
+    os.environ[_COLOR_VAR] = "0"
+    return True
 
 
 def connect(
@@ -197,6 +218,7 @@ def connect(
         session_dir=context.address_info.get("session_dir") if owner else None,
         reaper=reaper,
         private=private,
+        color_set=_plain_ray_lines(),
     )
 
 

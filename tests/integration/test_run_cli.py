@@ -145,9 +145,19 @@ def test_the_run_says_how_far_its_profile_is_from_the_limit(finished_run):
     )
     b = probed["bounds"]
     assert b["busbw_gbit_s"] > 0 and b["share_of_ceiling"] > 0 and b["share_of_ideal"] > 0
-    # the trace of real DDP steps is kept where the record says
-    trace = json.loads(Path(probed["trace"]).read_text())
-    assert "gloo:all_reduce" in {e.get("name") for e in trace["traceEvents"]}
+    # the trace of real DDP steps is kept where the record says; a traced probe whose rank
+    # died (torch.profiler's results have crashed a rank as it freed them, rarely:
+    # limit.probe.probe_one) was measured again without it, and the record and a line say so
+    if "untraced" in probed:
+        assert probed["trace"] is None, probed
+        assert probed["untraced"].startswith("the traced probe failed (crash: "), probed
+        assert (
+            "taken again without its trace: the traced probe failed (crash: "
+            in (finished_run["stdout"])
+        )
+    else:
+        trace = json.loads(Path(probed["trace"]).read_text())
+        assert "gloo:all_reduce" in {e.get("name") for e in trace["traceEvents"]}
     line = next(ln for ln in finished_run["stdout"].splitlines() if ln.startswith("Limit      "))
     assert "of the compute ceiling" in line and "next: " in line
     # the defaults were probed once, right after the baseline, and the end reused it
