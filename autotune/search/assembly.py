@@ -41,7 +41,7 @@ from autotune.search.budget import Budget
 from autotune.search.loop import Search
 from autotune.search.objective import Objective
 from autotune.search.stop import reserve_for
-from autotune.search.validation import revalidate
+from autotune.search.validation import more_rounds, revalidate
 
 __all__ = ["Assembly", "assemble"]
 
@@ -89,6 +89,18 @@ class Assembly:
                 measure=self.measure,
                 emit=self.emit,
             )
+        stop = self.search.stop
+        if stop is not None and stop.kind == "budget":  # else the time left goes back
+            with self.budget.phase("re-validation"):
+                more_rounds(
+                    study=self.study,
+                    record=checked,
+                    measure=self.measure,
+                    emit=self.emit,
+                    definition=self.definition,
+                    budget=self.budget,
+                    defaults=self.space.defaults(),
+                )
 
 
 def assemble(

@@ -15,6 +15,15 @@ undone in a process, so that job needs processes that never pinned; and glibc's 
 thresholds catch up in reused processes (docs/measurement.md) but not in a user's new ones, so
 the arms it is compared with start afresh too: the same regime on every side. The candidates'
 own comparison stays in the warm pool, where more rounds fit.
+
+The plan keeps room for an ablation of the best candidate's knobs; when the winner changes
+fewer, or its runs were quicker than planned, time is left once the ablation ends. Where the
+search stopped on the budget (not where it converged, or where ``--n-trials`` or
+``--patience`` ended it: that time goes back to the user), ``more_rounds`` spends it on
+further rounds of the winner against the defaults, up to ``MAX_ROUNDS`` in all, still leaving
+the limit probes their share: the headline's interval narrows, and nothing else is chosen
+again (a winner the further rounds no longer show beyond the noise is dropped, and the run
+says so).
 """
 
 from __future__ import annotations
@@ -41,16 +50,24 @@ from autotune.core.events import (
 )
 from autotune.core.knobs import changed_knobs
 from autotune.core.results import TrialResult
-from autotune.core.stats import speedup_ci
+from autotune.core.stats import speedup_ci, speedup_text
+from autotune.core.values import ratio_interval
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.measurer import Measurer
 from autotune.record import trial as tr
 from autotune.record.attrs import AsIsRecord, IntervalRecord, ValidationRecord, save
 from autotune.record.study import anchored_speedups, baseline_trial, complete
-from autotune.record.typed import read
+from autotune.record.typed import read, write
 from autotune.search.budget import Budget
 
-__all__ = ["TODAY", "against_today", "candidates", "measure_interleaved", "revalidate"]
+__all__ = [
+    "TODAY",
+    "against_today",
+    "candidates",
+    "measure_interleaved",
+    "more_rounds",
+    "revalidate",
+]
 
 #: The key of the user's job as it runs today.
 TODAY = "as it runs today"
@@ -168,11 +185,7 @@ def revalidate(
     emit(ValidationStarted(candidates=list(picked), rounds=rounds, runs=len(order)))
     trials = {"baseline": base, **picked}
 
-    def run(key: str) -> TrialResult:
-        changes = changed_knobs(trials[key].params, defaults)
-        emit(TrialStarted(tag=f"re-validating {key}", changes=changes))
-        return measure(trials[key].number, tr.config(trials[key]), measure=rerun)
-
+    run = _rerun(trials, measure, emit, rerun, defaults)
     done = measure_interleaved(keys, order, run, emit, essential="baseline", budget=budget)
     if done is None:
         emit(ValidationDone(winner=None, reason="The baseline failed: re-validation abandoned"))
@@ -212,6 +225,95 @@ def revalidate(
             measure, emit, arms, rounds=rounds, rerun=rerun, defaults=defaults, budget=budget
         )
     return record if today is None else _with_today(study, record, today, emit)
+
+
+def _rerun(
+    trials: dict[str, optuna.trial.FrozenTrial],
+    measure: Measurer,
+    emit: Emit,
+    rerun: MeasureSettings,
+    defaults: dict[str, Any],
+) -> Callable[[str], TrialResult]:
+    """A re-validation run of ``trials[key]``, said as it starts."""
+
+    def run(key: str) -> TrialResult:
+        changes = changed_knobs(trials[key].params, defaults)
+        emit(TrialStarted(tag=f"re-validating {key}", changes=changes))
+        return measure(trials[key].number, tr.config(trials[key]), measure=rerun)
+
+    return run
+
+
+def more_rounds(
+    *,
+    study: optuna.Study,
+    record: ValidationRecord | None,
+    measure: Measurer,
+    emit: Emit,
+    definition: StudyDefinition,
+    budget: Budget,
+    defaults: dict[str, Any],
+) -> ValidationRecord | None:
+    """The budget left after the re-validation and the ablation spent on further interleaved
+    rounds of ``record``'s winner against the defaults (module doc), as many as
+    ``Budget.more_rounds`` holds; the record with them, stored, or ``record`` as it was when
+    there is no winner, no room or the winner's run fails."""
+    if record is None or not record.beats_baseline:
+        return record
+    winner, base = record.winner, "baseline"
+    done = len(record.measurements[base])
+    if len(record.measurements.get(winner, [])) != done:
+        return record
+    extra = budget.more_rounds(done)
+    if extra < 1:
+        return record
+    keys = [base, winner]
+    order = interleave(keys, done + extra)[len(keys) * done :]  # the alternation goes on
+    trials = {k: study.trials[record.trials[k]] for k in keys}
+    emit(
+        Note(
+            f"The budget left holds {extra} more round(s) of {winner} against the defaults: "
+            f"measuring them for a narrower interval (the plan kept room its work did not use)"
+        )
+    )
+    run = _rerun(trials, measure, emit, definition.measure.rerun(), defaults)
+    got = measure_interleaved(keys, order, run, emit, essential=base, budget=budget)
+    if got is None or winner in got[1] or not got[0][base]:
+        why = "a run of the defaults failed" if got is None else f"{winner}'s run failed"
+        emit(Note(f"The further rounds stopped ({why}): the re-validation's figures stand"))
+        return record
+    runs, _, timed_s = got
+    n = len(runs[base])
+    measured = {
+        base: [*record.measurements[base], *runs[base]],
+        winner: [*record.measurements[winner], *runs[winner][:n]],
+    }
+    v = choose(measured, base)
+    data = write(record)
+    data["results"].update(v.results)
+    data["measurements"].update({k: [round(x, 2) for x in xs] for k, xs in measured.items()})
+    data["order"] = [*record.order, *order[: len(keys) * n]]
+    data["timed_s"] = round(record.timed_s + timed_s, 3)
+    was = speedup_text(record.speedup.interval())
+    if v.beats_baseline:
+        now = speedup_text(v.speedup)
+        data["speedup"] = v.speedup.to_dict()
+        sp = v.speedup
+        data["reason"] = (
+            f"{winner}: {ratio_interval(sp.median, sp.low, sp.high, digits=3)} vs the defaults "
+            f"(95% interval, {sp.n} paired rounds, {n} of them with the budget the plan left)"
+        )
+        emit(Note(f"After {done + n} rounds: {winner} {now} against the defaults (was {was})"))
+    else:
+        data.update(winner=base, speedup=v.speedup.to_dict(), beats_baseline=False)
+        data["reason"] = (
+            f"{winner} no longer beats the defaults beyond the noise over {done + n} rounds; "
+            "keep the defaults"
+        )
+        emit(Note(f"After {done + n} rounds: {data['reason']} (it measured {was})"))
+    checked = read(ValidationRecord, data, "validation")
+    save(study, checked)
+    return checked
 
 
 def _with_today(
