@@ -267,17 +267,17 @@ class Budget:
         room = self.left_s() - self.limit_reserve_s(run)
         return max(0, min(plan[1], int(room // (ablation_runs(knobs) * run))))
 
-    def more_rounds(self, done: int, arms: int = 2) -> int:
+    def more_rounds(self, done: int, arms: int = 2, most: int = MAX_ROUNDS) -> int:
         """Rounds of ``arms`` re-validation runs, after the ``done`` rounds measured, that the
         budget left holds before the limit probes, at their measured time
-        (``rerun_done``), up to ``MAX_ROUNDS`` in all; 0 before any re-validation run."""
+        (``rerun_done``), up to ``most`` in all; 0 before any re-validation run."""
         with self._lock:
             seen = list(self._reruns_seen)
         if not seen:
             return 0
         run = statistics.median(seen)
         room = self.left_s() - self.limit_reserve_s(run)
-        return max(0, min(MAX_ROUNDS - done, int(room // (arms * run))))
+        return max(0, min(most - done, int(room // (arms * run))))
 
     def fresh_run_s(self) -> float | None:
         """A re-validation run's wall seconds in new processes: the typical run plus the

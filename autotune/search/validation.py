@@ -17,13 +17,18 @@ the arms it is compared with start afresh too: the same regime on every side. Th
 own comparison stays in the warm pool, where more rounds fit.
 
 The plan keeps room for an ablation of the best candidate's knobs; when the winner changes
-fewer, or its runs were quicker than planned, time is left once the ablation ends. Where the
-search stopped on the budget (not where it converged, or where ``--n-trials`` or
-``--patience`` ended it: that time goes back to the user), ``more_rounds`` spends it on
-further rounds of the winner against the defaults, up to ``MAX_ROUNDS`` in all, still leaving
-the limit probes their share: the headline's interval narrows, and nothing else is chosen
-again (a winner the further rounds no longer show beyond the noise is dropped, and the run
-says so).
+fewer, when there is no winner to ablate, or when its runs were quicker than planned, time is
+left once the ablation ends. Where the search stopped on the budget (not where it converged,
+or where ``--n-trials`` or ``--patience`` ended it: that time goes back to the user),
+``more_rounds`` spends it on further rounds against the defaults, still leaving the limit
+probes their share:
+- of the winner, up to ``MAX_ROUNDS`` in all: the headline's interval narrows, and nothing is
+  chosen again, except that a winner the further rounds no longer show beyond the noise is
+  dropped;
+- without a winner, of the candidate that read highest above the defaults: a second look, up
+  to ``SECOND_LOOK_ROUNDS``, judged at ``SECOND_LOOK_CONFIDENCE`` (two judgements of one
+  comparison at 2.5 % each). A candidate it shows beyond the noise becomes the winner, not
+  ablated (the ablation's turn has passed), and the record and the run say so.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from typing import Any
 import optuna
 
 from autotune.core import allocator
-from autotune.core.choice import choose, interleave
+from autotune.core.choice import Validation, choose, interleave
 from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.errors import TrialFailed
 from autotune.core.events import (
@@ -58,7 +63,7 @@ from autotune.record import trial as tr
 from autotune.record.attrs import AsIsRecord, IntervalRecord, ValidationRecord, save
 from autotune.record.study import anchored_speedups, baseline_trial, complete
 from autotune.record.typed import read, write
-from autotune.search.budget import Budget
+from autotune.search.budget import MAX_ROUNDS, Budget
 
 __all__ = [
     "TODAY",
@@ -244,6 +249,33 @@ def _rerun(
     return run
 
 
+#: Rounds in all a second look may take (``more_rounds``): where the plan's rounds showed no
+#: candidate beyond the noise, the one that read highest. On a machine whose re-validation runs
+#: spread by 15-25 %, 10 rounds cannot tell a 1.15x gain from none; 30 can.
+SECOND_LOOK_ROUNDS = 3 * MAX_ROUNDS
+#: Its confidence: that comparison is judged twice (after the plan's rounds, then with the
+#: further ones), so each judgement gets half of the 5 % a single one has (Bonferroni).
+SECOND_LOOK_CONFIDENCE = 0.975
+
+
+def _lead(record: ValidationRecord) -> tuple[str, int, float] | None:
+    """The arm ``more_rounds`` measures further, the rounds it may reach in all and the
+    confidence it is judged at: the winner (``MAX_ROUNDS``, 95 %); without one, the candidate
+    that read highest above the defaults, measured in every round (a second look:
+    ``SECOND_LOOK_ROUNDS``, ``SECOND_LOOK_CONFIDENCE``); None when none read above them."""
+    if record.beats_baseline:
+        return record.winner, MAX_ROUNDS, 0.95
+    n = len(record.measurements["baseline"])
+    best: tuple[float, str] | None = None
+    for key, arm in record.results.items():
+        if key == "baseline" or len(record.measurements.get(key, [])) != n:
+            continue
+        median = arm.speedup.median
+        if median > 1 and (best is None or median > best[0]):
+            best = (median, key)
+    return None if best is None else (best[1], SECOND_LOOK_ROUNDS, SECOND_LOOK_CONFIDENCE)
+
+
 def more_rounds(
     *,
     study: optuna.Study,
@@ -255,65 +287,93 @@ def more_rounds(
     defaults: dict[str, Any],
 ) -> ValidationRecord | None:
     """The budget left after the re-validation and the ablation spent on further interleaved
-    rounds of ``record``'s winner against the defaults (module doc), as many as
+    rounds of one arm against the defaults (module doc; ``_lead`` says which), as many as
     ``Budget.more_rounds`` holds; the record with them, stored, or ``record`` as it was when
-    there is no winner, no room or the winner's run fails."""
-    if record is None or not record.beats_baseline:
+    no arm read above the defaults, there is no room or a run fails."""
+    lead = None if record is None else _lead(record)
+    if record is None or lead is None:
         return record
-    winner, base = record.winner, "baseline"
+    key, most, confidence = lead
+    base = "baseline"
     done = len(record.measurements[base])
-    if len(record.measurements.get(winner, [])) != done:
-        return record
-    extra = budget.more_rounds(done)
+    extra = budget.more_rounds(done, most=most)
     if extra < 1:
         return record
-    keys = [base, winner]
+    keys = [base, key]
     order = interleave(keys, done + extra)[len(keys) * done :]  # the alternation goes on
     trials = {k: study.trials[record.trials[k]] for k in keys}
+    why = (
+        "for a narrower interval"
+        if record.beats_baseline
+        else f"a second look at the candidate that read highest, judged at {confidence:.1%}"
+    )
     emit(
         Note(
-            f"The budget left holds {extra} more round(s) of {winner} against the defaults: "
-            f"measuring them for a narrower interval (the plan kept room its work did not use)"
+            f"The budget left holds {extra} more round(s) of {key} against the defaults: "
+            f"measuring them, {why} (the plan kept room its work did not use)"
         )
     )
     run = _rerun(trials, measure, emit, definition.measure.rerun(), defaults)
     got = measure_interleaved(keys, order, run, emit, essential=base, budget=budget)
-    if got is None or winner in got[1] or not got[0][base]:
-        why = "a run of the defaults failed" if got is None else f"{winner}'s run failed"
-        emit(Note(f"The further rounds stopped ({why}): the re-validation's figures stand"))
+    if got is None or key in got[1] or not got[0][base]:
+        failed = "a run of the defaults failed" if got is None else f"{key}'s run failed"
+        emit(Note(f"The further rounds stopped ({failed}): the re-validation's figures stand"))
         return record
     runs, _, timed_s = got
     n = len(runs[base])
     measured = {
         base: [*record.measurements[base], *runs[base]],
-        winner: [*record.measurements[winner], *runs[winner][:n]],
+        key: [*record.measurements[key], *runs[key][:n]],
     }
-    v = choose(measured, base)
+    v = choose(measured, base, confidence)
     data = write(record)
     data["results"].update(v.results)
     data["measurements"].update({k: [round(x, 2) for x in xs] for k, xs in measured.items()})
     data["order"] = [*record.order, *order[: len(keys) * n]]
     data["timed_s"] = round(record.timed_s + timed_s, 3)
-    was = speedup_text(record.speedup.interval())
-    if v.beats_baseline:
-        now = speedup_text(v.speedup)
-        data["speedup"] = v.speedup.to_dict()
-        sp = v.speedup
-        data["reason"] = (
-            f"{winner}: {ratio_interval(sp.median, sp.low, sp.high, digits=3)} vs the defaults "
-            f"(95% interval, {sp.n} paired rounds, {n} of them with the budget the plan left)"
-        )
-        emit(Note(f"After {done + n} rounds: {winner} {now} against the defaults (was {was})"))
-    else:
-        data.update(winner=base, speedup=v.speedup.to_dict(), beats_baseline=False)
-        data["reason"] = (
-            f"{winner} no longer beats the defaults beyond the noise over {done + n} rounds; "
-            "keep the defaults"
-        )
-        emit(Note(f"After {done + n} rounds: {data['reason']} (it measured {was})"))
+    data.update(_verdict(record, key, v, done, n, confidence))
+    emit(Note(f"After {done + n} rounds: {data['reason']}"))
     checked = read(ValidationRecord, data, "validation")
     save(study, checked)
     return checked
+
+
+def _verdict(
+    record: ValidationRecord, key: str, v: Validation, done: int, n: int, confidence: float
+) -> dict[str, Any]:
+    """The record's winner, speedup and reason once ``key`` was measured in ``n`` more rounds
+    than the ``done`` it had (``v``: the comparison of all of them)."""
+    sp, was = v.speedup, speedup_text(record.results[key].speedup.interval())
+    shown = ratio_interval(sp.median, sp.low, sp.high, digits=3)
+    over = f"{confidence:.1%} interval, {sp.n} paired rounds, {n} of them with the budget left"
+    if v.beats_baseline and record.beats_baseline:
+        return {"speedup": sp.to_dict(), "reason": f"{key}: {shown} vs the defaults ({over})"}
+    if v.beats_baseline:  # a second look found it
+        return {
+            "winner": key,
+            "beats_baseline": True,
+            "speedup": sp.to_dict(),
+            "reason": (
+                f"{key}: {shown} vs the defaults ({over}; a second look: after {done} rounds "
+                f"no candidate was beyond the noise, and it read {was}; not ablated)"
+            ),
+        }
+    if record.beats_baseline:  # the further rounds do not bear the winner out
+        return {
+            "winner": "baseline",
+            "beats_baseline": False,
+            "speedup": {"median": 1.0, "low": 1.0, "high": 1.0, "n": sp.n},
+            "reason": (
+                f"{key} no longer beats the defaults beyond the noise over {done + n} rounds "
+                f"({shown}; it measured {was}); keep the defaults"
+            ),
+        }
+    return {
+        "reason": (
+            f"no candidate beat the defaults beyond the noise; {key}, the closest, measured "
+            f"{shown} over {done + n} rounds ({confidence:.1%} interval); keep the defaults"
+        )
+    }
 
 
 def _with_today(
