@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from autotune.core.choice import choose, interleave
 from autotune.core.events import Note
+from autotune.core.stats import speedup_text
+from autotune.core.values import ratio_interval
 from autotune.definition.studydef import StudyDefinition
 from autotune.record.attrs import ValidationRecord, load, save
 from autotune.record.typed import read
@@ -122,6 +124,12 @@ def after_more_rounds(measured: dict[str, list[float]], stand: Stand, budget_s: 
     return checked, [e.text for e in said if isinstance(e, Note)]
 
 
+def shown(record: ValidationRecord, key: str) -> str:
+    """``key``'s speedup over the defaults in ``record``, as its reason writes it."""
+    sp = record.results[key].speedup
+    return ratio_interval(sp.median, sp.low, sp.high, digits=3)
+
+
 def test_a_winner_the_further_rounds_do_not_bear_out_is_dropped_and_the_run_says_so():
     """The plan's 3 rounds had trial 1 ahead by chance; every further run reads the same."""
     measured = {"baseline": [100.0, 101.0, 100.5], "trial 1": [105.0, 105.5, 104.8]}
@@ -131,6 +139,8 @@ def test_a_winner_the_further_rounds_do_not_bear_out_is_dropped_and_the_run_says
     assert len(checked.measurements["trial 1"]) == MAX_ROUNDS
     dropped = f"trial 1 no longer beats the defaults beyond the noise over {MAX_ROUNDS} rounds"
     assert checked.reason.startswith(dropped)
+    was = speedup_text(choose(measured, "baseline").speedup)  # the plan's 3 rounds: 1.05x
+    assert f"({shown(checked, 'trial 1')}; it measured {was})" in checked.reason
     assert any(t.startswith(f"After {MAX_ROUNDS} rounds: {dropped}") for t in notes), notes
 
 
@@ -158,6 +168,9 @@ def test_a_second_look_that_finds_nothing_keeps_the_defaults_and_says_how_close(
     checked, notes = after_more_rounds(NOISY, Stand({0: 100.0, 1: 100.0}))
     assert not checked.beats_baseline and checked.winner == "baseline"
     assert checked.reason.startswith("no candidate beat the defaults beyond the noise; trial 1")
+    sp = checked.results["trial 1"].speedup
+    assert sp.n == SECOND_LOOK_ROUNDS and sp.low < 1 < sp.high  # how close it came, not 1
+    assert f"measured {shown(checked, 'trial 1')} over 30 rounds" in checked.reason
     assert notes[-1] == f"After {SECOND_LOOK_ROUNDS} rounds: {checked.reason}"
 
 
