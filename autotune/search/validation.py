@@ -42,7 +42,7 @@ from typing import Any
 import optuna
 
 from autotune.core import allocator
-from autotune.core.choice import choose, interleave
+from autotune.core.choice import Validation, choose, interleave
 from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.errors import TrialFailed
 from autotune.core.events import (
@@ -55,7 +55,7 @@ from autotune.core.events import (
 )
 from autotune.core.knobs import changed_knobs
 from autotune.core.results import TrialResult
-from autotune.core.stats import Interval, speedup_ci, speedup_text
+from autotune.core.stats import speedup_ci, speedup_text
 from autotune.core.values import ratio_interval
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.measurer import Measurer
@@ -331,8 +331,7 @@ def more_rounds(
     data["measurements"].update({k: [round(x, 2) for x in xs] for k, xs in measured.items()})
     data["order"] = [*record.order, *order[: len(keys) * n]]
     data["timed_s"] = round(record.timed_s + timed_s, 3)
-    sp = speedup_ci(measured[key], measured[base], confidence)  # v's is 1 when it lost
-    data.update(_verdict(record, key, v.beats_baseline, sp, done, n, confidence))
+    data.update(_verdict(record, key, v, done, n, confidence))
     emit(Note(f"After {done + n} rounds: {data['reason']}"))
     checked = read(ValidationRecord, data, "validation")
     save(study, checked)
@@ -340,17 +339,13 @@ def more_rounds(
 
 
 def _verdict(
-    record: ValidationRecord,
-    key: str,
-    beats: bool,
-    sp: Interval,
-    done: int,
-    n: int,
-    confidence: float,
+    record: ValidationRecord, key: str, v: Validation, done: int, n: int, confidence: float
 ) -> dict[str, Any]:
     """The record's winner, speedup and reason once ``key`` was measured in ``n`` more rounds
-    than the ``done`` it had: ``sp`` its speedup over all of them, ``beats`` whether that lies
-    beyond the noise."""
+    than the ``done`` it had (``v``: the comparison of all of them with the defaults)."""
+    # the arm's own interval: v's speedup is the winner's, 1 when the defaults win
+    sp = read(IntervalRecord, v.results[key]["speedup"], "validation").interval()
+    beats = v.beats_baseline
     was = speedup_text(record.results[key].speedup.interval())
     shown = ratio_interval(sp.median, sp.low, sp.high, digits=3)
     over = f"{confidence:.1%} interval, {sp.n} paired rounds, {n} of them with the budget left"
@@ -370,7 +365,7 @@ def _verdict(
         return {
             "winner": "baseline",
             "beats_baseline": False,
-            "speedup": {"median": 1.0, "low": 1.0, "high": 1.0, "n": sp.n},
+            "speedup": v.speedup.to_dict(),  # the defaults' own: 1
             "reason": (
                 f"{key} no longer beats the defaults beyond the noise over {done + n} rounds "
                 f"({shown}; it measured {was}); keep the defaults"
