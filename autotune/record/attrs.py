@@ -242,6 +242,9 @@ class ValidationRecord:
     after_trial: int = 0
     as_is: AsIsRecord | None = None
     """The user's job as it runs today, measured against the defaults and the winner."""
+    earlier: dict[str, int] = field(default_factory=dict)
+    """Candidates an earlier re-validation of the run measured and did not bear out, before
+    the search resumed with the time it left (``search.assembly``), by key and trial."""
 
     def __post_init__(self) -> None:
         for key in (self.winner, "baseline"):

@@ -38,6 +38,7 @@ from autotune.record.typed import RecordError, read
 __all__ = [
     "MARKS",
     "Measurement",
+    "Point",
     "anchor",
     "combination",
     "config",
@@ -55,6 +56,7 @@ __all__ = [
     "measured",
     "measurement",
     "on_top",
+    "point",
     "reason",
     "reason_detail",
     "rel_noise",
@@ -193,6 +195,16 @@ def fold(t: AnyTrial) -> str | None:
 def on_top(t: AnyTrial) -> str | None:
     """The lever a screening trial was screened on top of (None: moved alone)."""
     return _get(t, "on_top", str)
+
+
+#: A point of the space (``point``).
+Point = tuple[tuple[str, Any], ...]
+
+
+def point(t: AnyTrial) -> Point:
+    """The point of the space ``t`` ran: its params, in a form that compares and hashes (two
+    trials of one configuration have the same point)."""
+    return tuple(sorted(t.params.items()))
 
 
 # -- what the trial ran and measured -----------------------------------------------------------

@@ -23,6 +23,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.core.files import replace_whole
+from autotune.record import trial as tr
 from autotune.record.study import complete, failure_reasons
 from autotune.report.figures import (
     LIMIT_TITLE,
@@ -90,7 +91,7 @@ def _why_not(study: optuna.Study, fn: str) -> str | None:
         return None if study.trials else "the study has no trials"
     if not done:
         return "no COMPLETE trial yet"
-    distinct = len({tuple(sorted(t.params.items())) for t in done})
+    distinct = len({tr.point(t) for t in done})
     if fn == "plot_param_importances" and distinct < MIN_IMPORTANCE_TRIALS:
         return (
             f"needs at least {MIN_IMPORTANCE_TRIALS} COMPLETE trials with different parameters "

@@ -9,7 +9,11 @@ between opening the study and exporting the profile:
 * the ``Search`` driving the trials on ``measure.runners``, one thread each;
 * and, on the returned ``Assembly``, ``conclude()``: what follows the search - re-validate the
   best few against the baseline, interleaved (``validation.revalidate``), then ablate the
-  winner (``ablation.ablate``).
+  winner (``ablation.ablate``). Where the search stopped on the budget and that chose nothing,
+  the time the plan kept for a winner goes back to the search (``Search.resume``) while it
+  holds ``RESUME_TRIALS`` trials and a new candidate's room, and the new trials are
+  re-validated in turn (the candidates already measured are not); what is left then goes to
+  more rounds (``validation.more_rounds``).
 
 ``measure`` is any ``launch.measurer.Measurer`` (a Protocol). Two callers pass one:
 
@@ -36,12 +40,18 @@ from autotune.core.events import Emit
 from autotune.definition.space import ResolvedSpace
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.measurer import Measurer
+from autotune.record.attrs import ValidationRecord
 from autotune.search.ablation import ablate
 from autotune.search.budget import Budget
 from autotune.search.loop import Search
 from autotune.search.objective import Objective
 from autotune.search.stop import reserve_for
-from autotune.search.validation import more_rounds, revalidate
+from autotune.search.validation import more_rounds, rejected, revalidate
+
+#: Search trials the budget left must hold, beside the room a new candidate needs, for the
+#: search to resume after a re-validation that chose nothing (``Assembly._resume``): one
+#: trial is a single draw, and the re-validation's room would be spent on it.
+RESUME_TRIALS = 2
 
 __all__ = ["Assembly", "assemble"]
 
@@ -62,13 +72,37 @@ class Assembly:
     def ablate_planned(self) -> tuple[int, int | None]:
         """Knobs the ablation of the best candidate would take, and the rounds the reserve
         sized it for (``stop.reserve_for``): the re-validation leaves that share."""
-        _, knobs, rounds = reserve_for(self.study, self.space.baseline_params(), self.definition)
+        _, knobs, rounds = reserve_for(
+            self.study, self.space.baseline_params(), self.definition, self.search.rejected
+        )
         return knobs, rounds
 
     def conclude(self) -> None:
-        """What follows the search: re-validate the best few against the baseline,
-        interleaved (``validation.revalidate``), then ablate the winner
-        (``ablation.ablate``)."""
+        """What follows the search (module doc): re-validate and ablate (``_choose``); where
+        that chose nothing and left room, search again and choose among the new trials
+        (``_resume``); then, where the search stopped on the budget, spend what is left on more
+        rounds (``validation.more_rounds``). A search that converged, or that ``--n-trials``
+        or ``--patience`` ended, gives the time left back."""
+        checked = self._choose()
+        if self._resume(checked):
+            checked = self._choose(earlier=checked) or checked
+        stop = self.search.stop
+        if stop is not None and stop.kind == "budget":
+            with self.budget.phase("re-validation"):
+                more_rounds(
+                    study=self.study,
+                    record=checked,
+                    measure=self.measure,
+                    emit=self.emit,
+                    definition=self.definition,
+                    budget=self.budget,
+                    defaults=self.space.defaults(),
+                )
+
+    def _choose(self, earlier: ValidationRecord | None = None) -> ValidationRecord | None:
+        """Re-validate the best few against the baseline, interleaved
+        (``validation.revalidate``; ``earlier``: the re-validation before a resumed search),
+        then ablate the winner (``ablation.ablate``)."""
         with self.budget.phase("re-validation"):
             checked = revalidate(
                 study=self.study,
@@ -78,6 +112,7 @@ class Assembly:
                 emit=self.emit,
                 defaults=self.space.defaults(),
                 budget=self.budget,
+                earlier=earlier,
             )
         with self.budget.phase("ablation"):
             ablate(
@@ -89,18 +124,33 @@ class Assembly:
                 measure=self.measure,
                 emit=self.emit,
             )
+        return checked
+
+    def _resume(self, checked: ValidationRecord | None) -> bool:
+        """Search again (``Search.resume``) where the search stopped on the budget, the
+        re-validation chose nothing, and the budget left holds ``RESUME_TRIALS`` trials and
+        the room a new candidate would need (``Budget.search_room``): the plan kept that time
+        for a winner's ablation, and more trials can still find one. Whether it did."""
         stop = self.search.stop
-        if stop is not None and stop.kind == "budget":  # else the time left goes back
-            with self.budget.phase("re-validation"):
-                more_rounds(
-                    study=self.study,
-                    record=checked,
-                    measure=self.measure,
-                    emit=self.emit,
-                    definition=self.definition,
-                    budget=self.budget,
-                    defaults=self.space.defaults(),
-                )
+        if stop is None or stop.kind != "budget" or (checked and checked.beats_baseline):
+            return False
+        room = self.budget.search_room()
+        if room is None or room[0] < RESUME_TRIALS:
+            return False
+        trials, wall, kept = room
+        set_aside = rejected(self.study, checked)
+        what = (
+            f"its {len(set_aside)} candidate(s) are not re-validated again"
+            if set_aside
+            else "no trial read above the defaults"
+        )
+        self.search.resume(
+            set_aside,
+            f"The re-validation chose nothing; the budget left ({self.budget.left_s():.0f} s) "
+            f"holds about {trials} more trial(s) ({wall:.0f} s each) and the {kept:.0f} s a new "
+            f"candidate would need: the search resumes ({what})",
+        )
+        return True
 
 
 def assemble(

@@ -122,6 +122,8 @@ class Search:
         self._best: float | None = None
         self.stop: StopRecord | None = None
         """Why the search stopped (``autotune.search.stop``)."""
+        self.rejected: frozenset[tr.Point] = frozenset()
+        """Points the reserve keeps no room for (``resume``)."""
         self._convergence = Convergence()
 
     def run(self) -> None:
@@ -133,7 +135,24 @@ class Search:
         with self.budget.phase("search"):  # the baseline and the first measurement included
             if not self._search():
                 return
-        if self.stop is None:  # every thread found the budget spent
+        self._said_stop()
+
+    def resume(self, rejected: frozenset[tr.Point], why: str) -> None:
+        """Search again, after the search stopped on the budget and what followed it returned
+        time (``search.assembly``): trials until a stop, as ``run``'s, with no room kept for
+        the ``rejected`` points (a re-validation measured them and did not bear them out).
+        ``why`` is said first; the new stop is said and stored as the first was."""
+        self.emit(Note(why))
+        self.rejected = rejected
+        self.stop = None
+        with self.budget.phase("search"):
+            self._off_main([lambda r=r: self._trials_on(r) for r in self.runners])
+        self._said_stop()
+
+    def _said_stop(self) -> None:
+        """Say and store why the search stopped (the budget, when every thread found it
+        spent)."""
+        if self.stop is None:
             self._stopped("budget", "the budget is spent")
         assert self.stop is not None
         self.emit(Note(self.stop.line()))
@@ -293,7 +312,9 @@ class Search:
                 return True
             self._stopped("budget", f"{left:.0f} s left, less than a trial ({wall:.0f} s)")
             return False
-        qualify, ablate, rounds = reserve_for(self.study, self.space.baseline_params(), self.d)
+        qualify, ablate, rounds = reserve_for(
+            self.study, self.space.baseline_params(), self.d, self.rejected
+        )
         kept = self.budget.reserve_s(to_revalidate=qualify, ablate=ablate, rounds=rounds)
         if left >= wall + kept:
             if left < 2 * wall + kept:  # the last trial: the helpers' combination, if due

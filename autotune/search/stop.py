@@ -69,10 +69,15 @@ def noise_rel(study: optuna.Study) -> float:
 
 
 def reserve_for(
-    study: optuna.Study, defaults: dict[str, Any], d: StudyDefinition
+    study: optuna.Study,
+    defaults: dict[str, Any],
+    d: StudyDefinition,
+    rejected: frozenset[tr.Point] = frozenset(),
 ) -> tuple[int, int, int | None]:
     """(candidates that earn a re-validation reserve, knobs of the best one's ablation, the
-    rounds they need: None for the plan's). ``defaults``: the baseline's params.
+    rounds they need: None for the plan's). ``defaults``: the baseline's params; ``rejected``:
+    points a re-validation of this run already measured and did not bear out (a resumed
+    search keeps no room for them: ``Search.resume``).
 
     A candidate earns a full reserve when it beats the defaults nearest it beyond its noise
     (the low end of its speedup above 1: its own interval, or the baseline's if wider) and
@@ -86,11 +91,11 @@ def reserve_for(
     speedups = anchored_speedups(done)
     base = baseline_trial(study)
     floor = tr.rel_noise(base) if base is not None else 0.0
-    seen: set[tuple] = set() if base is None else {tuple(sorted(base.params.items()))}
+    seen = set(rejected) if base is None else {*rejected, tr.point(base)}
     beyond: list[tuple[optuna.trial.FrozenTrial, float, float]] = []
     above = 0
     for t in sorted(done, key=lambda t: -speedups.get(t.number, 0.0)):
-        key = tuple(sorted(t.params.items()))
+        key = tr.point(t)
         if tr.is_baseline(t) or key in seen:
             continue
         seen.add(key)

@@ -71,6 +71,7 @@ __all__ = [
     "candidates",
     "measure_interleaved",
     "more_rounds",
+    "rejected",
     "revalidate",
 ]
 
@@ -78,25 +79,51 @@ __all__ = [
 TODAY = "as it runs today"
 
 
-def candidates(study: optuna.Study, top: int) -> dict[str, optuna.trial.FrozenTrial]:
+def candidates(
+    study: optuna.Study, top: int, rejected: frozenset[tr.Point] = frozenset()
+) -> dict[str, optuna.trial.FrozenTrial]:
     """The ``top`` COMPLETE trials fastest against the defaults measured nearest to each in
     time (``record.study.anchored_speedup``) and above them, one per configuration, by key
-    ``trial N``; never the defaults themselves."""
+    ``trial N``; never the defaults themselves, nor a point of ``rejected`` (measured by an
+    earlier re-validation of this run and not borne out: ``rejected``)."""
     base = baseline_trial(study)
     if base is None:
         return {}
     out: dict[str, optuna.trial.FrozenTrial] = {}
-    seen = {tuple(sorted(base.params.items()))}
+    seen = {*rejected, tr.point(base)}
     done = complete(study)
     speedups = anchored_speedups(done)
     for t in sorted(done, key=lambda t: -speedups[t.number]):
-        key = tuple(sorted(t.params.items()))
+        key = tr.point(t)
         if tr.is_baseline(t) or key in seen or speedups[t.number] <= 1.0:
             continue
         seen.add(key)
         out[f"trial {t.number}"] = t
         if len(out) == top:
             break
+    return out
+
+
+def rejected(study: optuna.Study, record: ValidationRecord | None) -> frozenset[tr.Point]:
+    """The points of the candidates ``record`` set aside (``_set_aside``)."""
+    if record is None:
+        return frozenset()
+    return frozenset(tr.point(study.trials[n]) for n in _set_aside(record).values())
+
+
+def _set_aside(record: ValidationRecord | None) -> dict[str, int]:
+    """The candidates ``record`` measured and did not choose (a winner that beats the defaults
+    is chosen), those whose run failed, and those an earlier re-validation set aside, by key
+    and trial."""
+    if record is None:
+        return {}
+    out = dict(record.earlier)
+    for key, n in record.trials.items():
+        if key != "baseline" and not (record.beats_baseline and key == record.winner):
+            out[key] = n
+    for key in record.failed:
+        if key.removeprefix("trial ").isdigit():
+            out[key] = int(key.removeprefix("trial "))
     return out
 
 
@@ -172,17 +199,24 @@ def revalidate(
     emit: Emit,
     defaults: dict[str, Any],
     budget: Budget | None = None,
+    earlier: ValidationRecord | None = None,
 ) -> ValidationRecord | None:
     """Measure the best ``plan[0]`` configurations and the baseline again over ``plan[1]``
     interleaved rounds, then the job as it runs today (``against_today``); store the record
-    (attribute ``validation``) and return it. None when there is nothing to compare."""
+    (attribute ``validation``) and return it. None when there is nothing to compare.
+
+    ``earlier``: the re-validation of this run before the search resumed (``Assembly``): its
+    candidates are not measured again (``rejected``), the record names them
+    (``ValidationRecord.earlier``), and its comparison with the job as it runs today stands
+    unless this one finds a winner to compare."""
     base = baseline_trial(study)
     if plan is None or base is None:
         return None
     top, rounds = plan
-    picked = candidates(study, top)
+    picked = candidates(study, top, rejected(study, earlier))
     if not picked:
-        emit(Note("No trial measured above the baseline: nothing to re-validate"))
+        more = " not re-validated already" if earlier is not None else ""
+        emit(Note(f"No trial{more} measured above the baseline: nothing to re-validate"))
         return None
     keys = ["baseline", *picked]
     order = interleave(keys, rounds)
@@ -220,10 +254,15 @@ def revalidate(
             "failed": failed,
             "timed_s": round(timed_s, 3),
             "after_trial": max(t.number for t in study.get_trials(deepcopy=False)),
+            "earlier": _set_aside(earlier),
         },
         "validation",
     )
     save(study, record)  # kept whatever stops the comparison with the job as it runs today
+    if earlier is not None and earlier.as_is is not None and not v.beats_baseline:
+        record = replace(record, as_is=earlier.as_is)  # the defaults' comparison, measured
+        save(study, record)
+        return record
     arms = {k: trials[k] for k in ("baseline", v.winner)}
     with contextlib.nullcontext() if budget is None else budget.phase("as today"):
         today = against_today(
