@@ -144,6 +144,7 @@ class Assembly:
             if set_aside
             else "no trial read above the defaults"
         )
+        self.budget.keep_as_is = False  # measured with the defaults: not kept for again
         self.search.resume(
             set_aside,
             f"The re-validation chose nothing; the budget left ({self.budget.left_s():.0f} s) "

@@ -128,6 +128,10 @@ class Budget:
         #: that job, the defaults and the winner, each run in new processes); 0 where the
         #: measurer cannot run that job (set by ``tuner.run``; the replay keeps 0).
         self.as_is_arms = 0
+        #: Whether the plan keeps room for that comparison: not once the search resumed after
+        #: it was measured (``search.assembly``); a winner found then gets it where the budget
+        #: left holds it (``as_is_rounds``).
+        self.keep_as_is = True
         #: Seconds spent in each phase of the run (``phase``), each its own time only, and
         #: before the search started (Ray, the placement, the hardware probe).
         self.spent: dict[str, float] = {}
@@ -234,7 +238,7 @@ class Budget:
         room = self.left_s() - self.limit_reserve_s(run)
         n = plan[1] if rounds is None else min(plan[1], rounds)
         after = self._ablation_s(ablate, n, run)  # what follows keeps its share...
-        if self.as_is_planned():
+        if self.as_is_planned() and self.keep_as_is:
             after += self.as_is_s() or 0.0
         # ...unless the choice itself would not fit beside it, or only over fewer rounds
         # than PRECISE_ROUNDS: the choice then takes that share (see above)
@@ -369,12 +373,20 @@ class Budget:
         medians = self._medians()
         return None if medians is None else medians[0]
 
-    def reserve_s(self, *, to_revalidate: int, ablate: int = 0, rounds: int | None = None) -> float:
+    def reserve_s(
+        self,
+        *,
+        to_revalidate: int,
+        ablate: int = 0,
+        rounds: int | None = None,
+        as_is: bool | None = None,
+    ) -> float:
         """Seconds kept for what follows the search: the re-validation of ``to_revalidate``
         candidates (as many as the plan takes), the comparison with the job as it runs today
-        (``as_is_arms`` fresh runs a round), the ablation of a winner changing ``ablate``
-        knobs, each over the plan's rounds or ``rounds`` if fewer (what the candidates' gain
-        needs: ``stats.rounds_to_tell``), and the limit probes. The search decides which
+        (``as_is_arms`` fresh runs a round; ``as_is``: whether, by default ``keep_as_is``),
+        the ablation of a winner changing ``ablate`` knobs, each over the plan's rounds or
+        ``rounds`` if fewer (what the candidates' gain needs: ``stats.rounds_to_tell``), and
+        the limit probes. The search decides which
         candidates earn a reserve (``search.Search``: those beyond their noise)."""
         medians = self._medians()
         if medians is None:
@@ -386,17 +398,19 @@ class Budget:
             n = plan[1] if rounds is None else min(plan[1], rounds)
             runs = (min(to_revalidate, plan[0]) + 1) * n
             after = self._ablation_s(ablate, n, run)
-            after += (self.as_is_s() or 0.0) if self.as_is_planned() else 0.0
+            if self.as_is_planned() and (self.keep_as_is if as_is is None else as_is):
+                after += self.as_is_s() or 0.0
         return run * runs + after + self.limit_reserve_s(run)
 
     def search_room(self) -> tuple[int, float, float] | None:
         """(search trials the budget left holds beside what one new candidate would keep,
-        a trial's seconds, the seconds kept: ``reserve_s`` for one candidate); None before
-        any trial ended."""
+        a trial's seconds, the seconds kept: ``reserve_s`` for one candidate, without the
+        comparison with the job as it runs today, measured already); None before any trial
+        ended."""
         wall = self.trial_s()
         if wall is None or wall <= 0:
             return None
-        kept = self.reserve_s(to_revalidate=1)
+        kept = self.reserve_s(to_revalidate=1, as_is=False)
         return max(0, int((self.left_s() - kept) // wall)), wall, kept
 
     def room_for_another(

@@ -33,6 +33,7 @@ from autotune.record.study import (
     anchors,
     baseline_trial,
     complete,
+    nearest,
     throughput,
 )
 from autotune.record.typed import RecordError
@@ -80,7 +81,9 @@ def reserve_for(
     search keeps no room for them: ``Search.resume``).
 
     A candidate earns a full reserve when it beats the defaults nearest it beyond its noise
-    (the low end of its speedup above 1: its own interval, or the baseline's if wider) and
+    (the low end of its speedup above 1: its own interval, or that run of the defaults' if
+    wider: the first baseline can read cold and noisy, ±29 % in a real run whose later runs of
+    the defaults read ±3-14 %) and
     could still be the winner (its high end reaches the best such candidate's low end): room
     is kept for what the re-validation can choose. When none does, but some trial read above
     the defaults inside its noise, room to re-validate that one alone (no ablation): the
@@ -90,7 +93,13 @@ def reserve_for(
     done = complete(study)
     speedups = anchored_speedups(done)
     base = baseline_trial(study)
-    floor = tr.rel_noise(base) if base is not None else 0.0
+    runs = [t for t in done if tr.is_baseline(t)]
+
+    def floor(t: optuna.trial.FrozenTrial) -> float:
+        """The noise of the run of the defaults ``t``'s speedup is taken against."""
+        ref = nearest(runs, t)
+        return tr.rel_noise(ref) if ref is not None else 0.0
+
     seen = set(rejected) if base is None else {*rejected, tr.point(base)}
     beyond: list[tuple[optuna.trial.FrozenTrial, float, float]] = []
     above = 0
@@ -99,7 +108,7 @@ def reserve_for(
         if tr.is_baseline(t) or key in seen:
             continue
         seen.add(key)
-        speedup, noise = speedups.get(t.number, 0.0), max(tr.rel_noise(t), floor)
+        speedup, noise = speedups.get(t.number, 0.0), max(tr.rel_noise(t), floor(t))
         above += speedup > 1
         if speedup * (1 - noise) > 1:
             beyond.append((t, speedup * (1 - noise), speedup * (1 + noise)))
@@ -112,7 +121,8 @@ def reserve_for(
     ablate = len(changed_knobs(beyond[0][0].params, defaults)) if d.ablate else 0
     rounds = None
     if len(beyond) == 1:
-        rounds = rounds_to_tell(best_low - 1, max(floor, tr.rel_noise(beyond[0][0]), LEAST_NOISE))
+        best = beyond[0][0]
+        rounds = rounds_to_tell(best_low - 1, max(floor(best), tr.rel_noise(best), LEAST_NOISE))
     return len(beyond), ablate, rounds
 
 

@@ -10,6 +10,7 @@ import itertools
 import pytest
 from optuna.trial import TrialState
 
+from autotune.definition.studydef import StudyDefinition
 from autotune.replay.simulate import Landscape, Run, point_key, replay
 from autotune.search.screening import HELPS
 
@@ -210,6 +211,58 @@ def test_speedups_are_taken_against_the_defaults_measured_nearest_in_time():
     assert nearest_anchor(study, trials[4]).number == 3
     assert abs(anchored_speedup(study, trials[4]) - 420 / 400) < 1e-9
     assert abs(anchored_speedup(study, trials[1]) - 390 / 300) < 1e-9
+
+
+def anchored_study(rows: list[tuple[float, float, bool]]):
+    """A study of COMPLETE trials: (samples/s, relative noise, a run of the defaults), with
+    one param that differs between the defaults (0) and the rest (trial number)."""
+    import optuna
+
+    study = optuna.create_study(direction="maximize")
+    dist = optuna.distributions.IntDistribution(0, 100)
+    for i, (value, noise, defaults) in enumerate(rows):
+        attrs = {"interval": {"rel_half_width": noise}}
+        if defaults:
+            attrs["baseline"] = True
+        study.add_trial(
+            optuna.trial.create_trial(
+                value=value,
+                params={"x": 0 if defaults else i},
+                distributions={"x": dist},
+                user_attrs=attrs,
+            )
+        )
+    return study
+
+
+def test_a_trial_as_near_to_two_runs_of_the_defaults_is_taken_against_the_later():
+    """The first baseline runs in new processes and can read cold (a real run: 15,215
+    samples/s, then 17,683 two trials later); a tie goes to the later, warm run."""
+    from autotune.record.study import anchored_speedup, nearest_anchor
+
+    study = anchored_study(
+        [(300, 0.29, True), (390, 0.03, False), (420, 0.03, False), (380, 0.03, False)]
+        + [(400, 0.05, True)]
+    )
+    assert nearest_anchor(study, study.trials[1]).number == 0
+    assert nearest_anchor(study, study.trials[2]).number == 4  # two from each
+    assert nearest_anchor(study, study.trials[3]).number == 4
+    assert abs(anchored_speedup(study, study.trials[2]) - 420 / 400) < 1e-9
+
+
+def test_a_candidate_s_noise_floor_is_the_run_of_the_defaults_it_is_taken_against():
+    """A cold first baseline at ±29 % made every later trial "within the noise", so the
+    search kept room for one candidate and no ablation; a trial at 1.25x ±3 % of a warm run
+    of the defaults at ±3 % beside it is beyond its noise."""
+    from autotune.search.stop import reserve_for
+
+    rows = [(300, 0.29, True), *[(250, 0.03, False)] * 3, (400, 0.03, True), (500, 0.03, False)]
+    study = anchored_study(rows)
+    qualify, _, rounds = reserve_for(study, {"x": 0}, StudyDefinition(name="t", trainer="mlp"))
+    assert qualify == 1 and rounds is not None  # sized by its gain: one candidate beyond
+    rows[4] = (400, 0.29, True)  # the run beside it as noisy as the cold one: within
+    study = anchored_study(rows)
+    assert reserve_for(study, {"x": 0}, StudyDefinition(name="t", trainer="mlp")) == (1, 0, None)
 
 
 def test_the_profile_records_every_run_of_the_defaults_and_the_screened_effects(tmp_path):
