@@ -73,7 +73,6 @@ def test_a_re_validation_that_chose_nothing_gives_its_time_back_to_the_search(fl
         points = {tuple(sorted(r.study.trials[n].params.items())) for n in record.earlier.values()}
         for key in again:
             assert tuple(sorted(r.study.trials[record.trials[key]].params.items())) not in points
-        assert min(record.trials[k] for k in again) > max(record.earlier.values())
     assert resumed >= 3, resumed
 
 
