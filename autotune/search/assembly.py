@@ -36,7 +36,7 @@ from pathlib import Path
 
 import optuna
 
-from autotune.core.events import Emit
+from autotune.core.events import Emit, Note
 from autotune.definition.space import ResolvedSpace
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.measurer import Measurer
@@ -46,7 +46,7 @@ from autotune.search.budget import Budget
 from autotune.search.loop import Search
 from autotune.search.objective import Objective
 from autotune.search.stop import reserve_for
-from autotune.search.validation import more_rounds, rejected, revalidate
+from autotune.search.validation import candidates, more_rounds, rejected, revalidate
 
 #: Search trials the budget left must hold, beside the room a new candidate needs, for the
 #: search to resume after a re-validation that chose nothing (``Assembly._resume``): one
@@ -127,29 +127,51 @@ class Assembly:
         return checked
 
     def _resume(self, checked: ValidationRecord | None) -> bool:
-        """Search again (``Search.resume``) where the search stopped on the budget, the
-        re-validation chose nothing, and the budget left holds ``RESUME_TRIALS`` trials and
-        the room a new candidate would need (``Budget.search_room``): the plan kept that time
-        for a winner's ablation, and more trials can still find one. Whether it did."""
+        """Whether to choose again (``_choose``), after a search that stopped on the budget
+        and a re-validation that chose nothing: the plan kept time for a winner's ablation.
+        The candidates that re-validation measured are set aside (``validation.rejected``).
+        Where the budget left holds ``RESUME_TRIALS`` trials beside the room the resumed search
+        would keep (``stop.reserve_for`` over the trials not set aside; ``Budget.search_room``),
+        the search resumes first (``Search.resume``); where it does not, but trials above the
+        defaults were not reached, those are re-validated next, without searching."""
         stop = self.search.stop
         if stop is None or stop.kind != "budget" or (checked and checked.beats_baseline):
             return False
-        room = self.budget.search_room()
-        if room is None or room[0] < RESUME_TRIALS:
+        set_aside = rejected(self.study, checked)
+        qualify, ablate, rounds = reserve_for(
+            self.study, self.space.baseline_params(), self.definition, set_aside
+        )
+        room = self.budget.search_room(to_revalidate=max(qualify, 1), ablate=ablate, rounds=rounds)
+        if room is None:
             return False
         trials, wall, kept = room
-        set_aside = rejected(self.study, checked)
-        what = (
-            f"its {len(set_aside)} candidate(s) are not re-validated again"
-            if set_aside
-            else "no trial read above the defaults"
-        )
-        self.budget.keep_as_is = False  # measured with the defaults: not kept for again
-        self.search.resume(
-            set_aside,
-            f"The re-validation chose nothing; the budget left ({self.budget.left_s():.0f} s) "
-            f"holds about {trials} more trial(s) ({wall:.0f} s each) and the {kept:.0f} s a new "
-            f"candidate would need: the search resumes ({what})",
+        left = self.budget.left_s()
+        if trials >= RESUME_TRIALS:
+            what = (
+                f"its {len(set_aside)} candidate(s) are not re-validated again"
+                if set_aside
+                else "no trial read above the defaults"
+            )
+            self.budget.keep_as_is = False  # measured with the defaults: not kept for again
+            self.search.resume(
+                set_aside,
+                f"The re-validation chose nothing; the budget left ({left:.0f} s) holds about "
+                f"{trials} more trial(s) ({wall:.0f} s each) beside the {kept:.0f} s kept for "
+                f"what they find: the search resumes ({what})",
+            )
+            return True
+        if not candidates(self.study, 1, set_aside):
+            return False
+        self.search.rejected, self.budget.keep_as_is = set_aside, False
+        if self.budget.validation_plan(*self.ablate_planned()) is None:  # no room for them
+            self.search.rejected, self.budget.keep_as_is = frozenset(), True
+            return False
+        self.emit(
+            Note(
+                f"The re-validation chose nothing; the budget left ({left:.0f} s) holds no more "
+                f"search beside the {kept:.0f} s the trials it did not reach would keep: "
+                "re-validating those next"
+            )
         )
         return True
 

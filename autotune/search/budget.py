@@ -402,15 +402,18 @@ class Budget:
                 after += self.as_is_s() or 0.0
         return run * runs + after + self.limit_reserve_s(run)
 
-    def search_room(self) -> tuple[int, float, float] | None:
-        """(search trials the budget left holds beside what one new candidate would keep,
-        a trial's seconds, the seconds kept: ``reserve_s`` for one candidate, without the
-        comparison with the job as it runs today, measured already); None before any trial
-        ended."""
+    def search_room(
+        self, *, to_revalidate: int, ablate: int = 0, rounds: int | None = None
+    ) -> tuple[int, float, float] | None:
+        """(search trials the budget left holds beside the reserve, a trial's seconds, the
+        seconds kept: ``reserve_s`` for those arguments, without the comparison with the job as
+        it runs today, measured already); None before any trial ended."""
         wall = self.trial_s()
         if wall is None or wall <= 0:
             return None
-        kept = self.reserve_s(to_revalidate=1, as_is=False)
+        kept = self.reserve_s(
+            to_revalidate=to_revalidate, ablate=ablate, rounds=rounds, as_is=False
+        )
         return max(0, int((self.left_s() - kept) // wall)), wall, kept
 
     def room_for_another(
