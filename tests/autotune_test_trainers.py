@@ -125,22 +125,25 @@ def cuda_oom(*, pid_dir: str | None = None, **options) -> Workload:
     return wl
 
 
-def no_bf16(**options) -> Workload:
-    """Crashes whenever the trial runs under bf16 autocast: a configuration that fails."""
+def no_accumulation(**options) -> Workload:
+    """Crashes whenever a micro-batch is smaller than the per-rank batch (gradient
+    accumulation): a configuration that fails, on any machine (``micro_batch`` is searched
+    everywhere; bf16, say, is left out of a CPU without bf16 units)."""
     wl = tiny(**options)
     build = wl.model
+    per_rank = wl.global_batch // 2  # the tests' two ranks
 
-    class Picky(torch.nn.Module):
+    class Whole(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.inner = build()
 
         def forward(self, x):
-            if torch.is_autocast_enabled("cpu"):
-                raise RuntimeError("this model refuses bf16 autocast")
+            if x.shape[0] < per_rank:
+                raise RuntimeError(f"this model refuses micro-batches of {x.shape[0]}")
             return self.inner(x)
 
-    wl.model = Picky
+    wl.model = Whole
     return wl
 
 

@@ -141,7 +141,12 @@ class Assembly:
         qualify, ablate, rounds = reserve_for(
             self.study, self.space.baseline_params(), self.definition, set_aside
         )
-        room = self.budget.search_room(to_revalidate=max(qualify, 1), ablate=ablate, rounds=rounds)
+        # the comparison with the job as it runs today, once measured with the defaults, is
+        # not kept room for again
+        as_is = checked is None or checked.as_is is None
+        room = self.budget.search_room(
+            to_revalidate=max(qualify, 1), ablate=ablate, rounds=rounds, as_is=as_is
+        )
         if room is None:
             return False
         trials, wall, kept = room
@@ -152,7 +157,7 @@ class Assembly:
                 if set_aside
                 else "no trial read above the defaults"
             )
-            self.budget.keep_as_is = False  # measured with the defaults: not kept for again
+            self.budget.keep_as_is = as_is
             self.search.resume(
                 set_aside,
                 f"The re-validation chose nothing; the budget left ({left:.0f} s) holds about "
@@ -162,10 +167,9 @@ class Assembly:
             return True
         if not candidates(self.study, 1, set_aside):
             return False
-        self.search.rejected, self.budget.keep_as_is = set_aside, False
-        if self.budget.validation_plan(*self.ablate_planned()) is None:  # no room for them
-            self.search.rejected, self.budget.keep_as_is = frozenset(), True
+        if self.budget.validation_plan(ablate, rounds, as_is=as_is) is None:  # no room for them
             return False
+        self.search.rejected, self.budget.keep_as_is = set_aside, as_is
         self.emit(
             Note(
                 f"The re-validation chose nothing; the budget left ({left:.0f} s) holds no more "

@@ -213,11 +213,14 @@ class Budget:
         with self._lock:
             return statistics.fmean(self._reruns_seen) if self._reruns_seen else None
 
-    def validation_plan(self, ablate: int = 0, rounds: int | None = None) -> tuple[int, int] | None:
+    def validation_plan(
+        self, ablate: int = 0, rounds: int | None = None, as_is: bool | None = None
+    ) -> tuple[int, int] | None:
         """(candidates, rounds) of the re-validation at the end of the run; None when no
         trial has ended yet or re-validation does not fit (``validation_plan``). Asked once
         the search has stopped, the plan takes the budget left less what follows it: the
-        comparison with the job as it runs today where planned, the ablation of ``ablate``
+        comparison with the job as it runs today where planned (``as_is``: whether, by
+        default ``keep_as_is``), the ablation of ``ablate``
         knobs over ``rounds`` rounds at most (as the reserve kept them, ``reserve_s``), and
         the limit probes - the first two only where one candidate over two rounds still fits
         beside them, since the choice comes first, and the ablation's only where the
@@ -238,7 +241,7 @@ class Budget:
         room = self.left_s() - self.limit_reserve_s(run)
         n = plan[1] if rounds is None else min(plan[1], rounds)
         after = self._ablation_s(ablate, n, run)  # what follows keeps its share...
-        if self.as_is_planned() and self.keep_as_is:
+        if self.as_is_planned() and (self.keep_as_is if as_is is None else as_is):
             after += self.as_is_s() or 0.0
         # ...unless the choice itself would not fit beside it, or only over fewer rounds
         # than PRECISE_ROUNDS: the choice then takes that share (see above)
@@ -386,8 +389,8 @@ class Budget:
         (``as_is_arms`` fresh runs a round; ``as_is``: whether, by default ``keep_as_is``),
         the ablation of a winner changing ``ablate`` knobs, each over the plan's rounds or
         ``rounds`` if fewer (what the candidates' gain needs: ``stats.rounds_to_tell``), and
-        the limit probes. The search decides which
-        candidates earn a reserve (``search.Search``: those beyond their noise)."""
+        the limit probes. The search decides which candidates earn a reserve
+        (``search.Search``: those beyond their noise)."""
         medians = self._medians()
         if medians is None:
             return 0.0
@@ -403,16 +406,15 @@ class Budget:
         return run * runs + after + self.limit_reserve_s(run)
 
     def search_room(
-        self, *, to_revalidate: int, ablate: int = 0, rounds: int | None = None
+        self, *, to_revalidate: int, ablate: int = 0, rounds: int | None = None, as_is: bool
     ) -> tuple[int, float, float] | None:
         """(search trials the budget left holds beside the reserve, a trial's seconds, the
-        seconds kept: ``reserve_s`` for those arguments, without the comparison with the job as
-        it runs today, measured already); None before any trial ended."""
+        seconds kept: ``reserve_s`` for those arguments); None before any trial ended."""
         wall = self.trial_s()
         if wall is None or wall <= 0:
             return None
         kept = self.reserve_s(
-            to_revalidate=to_revalidate, ablate=ablate, rounds=rounds, as_is=False
+            to_revalidate=to_revalidate, ablate=ablate, rounds=rounds, as_is=as_is
         )
         return max(0, int((self.left_s() - kept) // wall)), wall, kept
 

@@ -387,10 +387,10 @@ def test_ctrl_c_or_sigterm_records_the_running_trial_and_exports(
 
 
 def test_a_failing_configuration_is_recorded_and_the_study_goes_on(ray_address, run_env, tmp_path):
-    space = tmp_path / "precision.yaml"
+    space = tmp_path / "micro.yaml"
     space.write_text(
         "ddp:\n  bucket_cap_mb: {type: float, low: 1, high: 100, log: true}\n"
-        "precision:\n  precision: {type: categorical, choices: [fp32, bf16]}\n"
+        "batch:\n  micro_batch: {type: categorical, choices: [8, 16]}\n"
     )
     # A trial count, not a time budget, decides how many trials run: on a loaded machine a
     # 60-second budget held the baseline and the failure only.
@@ -413,34 +413,40 @@ def test_a_failing_configuration_is_recorded_and_the_study_goes_on(ray_address, 
         "--space",
         str(space),
         "--trainer",
-        "autotune_test_trainers:no_bf16",
+        "autotune_test_trainers:no_accumulation",
         "--address",
         ray_address,
         cwd=TESTS_DIR,
     )
     assert p.returncode == 0, p.stdout + p.stderr
-    trials = local_study(run_env, "quick-autotune_test_trainers.no_bf16-gloo-2r").trials
-    assert len(trials) == 5, "--n-trials 5 ends the search after five trials, failures included"
-    failed = [t for t in trials if t.state == TrialState.FAIL]
-    # Random search with seed 4 proposes bf16 (of two precisions) in trial 1, fp32 after it.
+    study_name = "quick-autotune_test_trainers.no_accumulation-gloo-2r"
+    trials = local_study(run_env, study_name).trials
+    # a value that failed twice is not run again: its next trial is recorded known_failing
+    # without running, and is not counted (search.failing)
+    dropped = [t for t in trials if t.user_attrs.get("reason") == "known_failing"]
+    assert all(t.params["micro_batch"] == 8 for t in dropped)
+    ran = [t for t in trials if t not in dropped]
+    assert len(ran) == 5, "--n-trials 5 ends the search after five trials run, failures included"
+    failed = [t for t in ran if t.state == TrialState.FAIL]
+    # Random search with seed 4 proposes micro-batches of 8 (of 8 and 16) early, 16 after.
     assert failed and failed[0].number < 4
     for t in failed:
-        assert t.params["precision"] == "bf16"
+        assert t.params["micro_batch"] == 8
         assert t.user_attrs["reason"] == "crash"
-        assert "this model refuses bf16 autocast" in t.user_attrs["reason_detail"]
+        assert "this model refuses micro-batches of 8" in t.user_attrs["reason_detail"]
         assert "Traceback" not in t.user_attrs["reason_detail"]
-    later = [t for t in trials if t.number > failed[0].number and t.state != TrialState.FAIL]
+    later = [t for t in ran if t.number > failed[0].number and t.state != TrialState.FAIL]
     assert later  # the study went on after the failure
     assert "FAIL crash: rank" in p.stdout
     assert "Search stopped at" in p.stdout and "--n-trials 5: 5 trials run" in p.stdout
     # Rank logs: the failure's are kept with the error in them, the baseline's too; a trial
     # that ran has none left.
-    logs = Path(run_env["AUTOTUNE_HOME"]) / "logs" / "quick-autotune_test_trainers.no_bf16-gloo-2r"
+    logs = Path(run_env["AUTOTUNE_HOME"]) / "logs" / study_name
     for t in failed:
         kept = Path(t.user_attrs["logs"])
         assert kept == logs / f"trial-{t.number}"
         text = {r: (kept / f"rank-{r}.log").read_text() for r in (0, 1)}
-        assert any("this model refuses bf16 autocast" in x for x in text.values()), text
+        assert any("this model refuses micro-batches of 8" in x for x in text.values()), text
     assert (Path(trials[0].user_attrs["logs"]) / "rank-0.log").exists()  # the baseline's
     for t in later:
         assert "logs" not in t.user_attrs and not (logs / f"trial-{t.number}").exists()

@@ -97,15 +97,15 @@ def test_the_room_to_search_again_is_what_is_left_after_a_new_candidate_s_reserv
     now = [0.0]
     b = Budget(StudyDefinition(name="t", budget_s=600, limit=False), clock=lambda: now[0])
     b.start()
-    assert b.search_room(to_revalidate=1) is None  # no trial yet: no time to plan from
+    assert b.search_room(to_revalidate=1, as_is=False) is None  # no trial yet: no time to plan from
     for _ in range(3):
         b.trial_done(10.0, 5.0)
     kept = b.reserve_s(to_revalidate=2, ablate=3)
     assert kept > b.reserve_s(to_revalidate=1) > 0
     now[0] = 600 - kept - 35  # 35 s beside the reserve: three 10 s trials
-    assert b.search_room(to_revalidate=2, ablate=3) == (3, 10.0, kept)
+    assert b.search_room(to_revalidate=2, ablate=3, as_is=False) == (3, 10.0, kept)
     now[0] = 600 - kept + 5
-    assert b.search_room(to_revalidate=2, ablate=3)[0] == 0
+    assert b.search_room(to_revalidate=2, ablate=3, as_is=False)[0] == 0
 
 
 def test_rounds_planned_ahead_add_up_runs_at_their_mean():
