@@ -108,7 +108,8 @@ def rejected(study: optuna.Study, record: ValidationRecord | None) -> frozenset[
     """The points of the candidates ``record`` set aside (``_set_aside``)."""
     if record is None:
         return frozenset()
-    return frozenset(tr.point(study.trials[n]) for n in _set_aside(record).values())
+    trials = study.get_trials(deepcopy=False)  # one read: ``study.trials`` copies them all
+    return frozenset(tr.point(trials[n]) for n in _set_aside(record).values())
 
 
 def _set_aside(record: ValidationRecord | None) -> dict[str, int]:
@@ -258,10 +259,12 @@ def revalidate(
         },
         "validation",
     )
+    # without a winner, the comparison of the defaults that ``earlier`` measured stands
+    kept_today = earlier is not None and earlier.as_is is not None and not v.beats_baseline
+    if kept_today:
+        record = replace(record, as_is=earlier.as_is)
     save(study, record)  # kept whatever stops the comparison with the job as it runs today
-    if earlier is not None and earlier.as_is is not None and not v.beats_baseline:
-        record = replace(record, as_is=earlier.as_is)  # the defaults' comparison, measured
-        save(study, record)
+    if kept_today:
         return record
     arms = {k: trials[k] for k in ("baseline", v.winner)}
     with contextlib.nullcontext() if budget is None else budget.phase("as today"):
