@@ -9,13 +9,15 @@ autotune keeps:
 * **The cap.** A log over ``LIMIT.max_bytes`` (64 MiB) is cut to its first
   ``LIMIT.head_bytes`` (8 MiB), a line ``[autotune: N bytes cut here]`` (N: every byte of the
   output cut so far, earlier cuts included), and its last ``LIMIT.tail_bytes`` (8 MiB), in
-  place (``cap``). The one who writes a log also checks it while the trial runs - a script
-  trial's watch loop at every poll, a rank's ``output_to`` once a second (``Capper``) - and
-  once more when the trial ends, so a log left behind is at most about 16 MiB; while the
-  trial runs it may go over the cap by what is written between two checks. The writers open
-  a log with ``O_APPEND``, so what they write after a cut goes to the new end; output
-  written in the instant of a cut (between its last look at the size and its truncation)
-  can be lost.
+  place (``cap``), so a log left behind is at most about 16 MiB.
+* **Who cuts.** A script trial's command writes into a pipe, and ``Pump`` - the log's only
+  writer - copies it into the log and cuts between its own writes: nothing the command
+  printed is lost to a cut, its last line (the one a failure is named by) included. A rank's
+  own output goes to its log directly (``output_to``: the rank's file descriptors 1 and 2),
+  and ``Capper`` cuts beside it once a second and once more when the rank no longer writes;
+  the rank opens the log with ``O_APPEND``, so what it writes after a cut goes to the new
+  end, but output written in the instant of such a cut (between its last look at the size
+  and its truncation) can be lost. A rank's failure is named by its exception, not its log.
 
 Only the standard library is imported (a rank imports this).
 """
@@ -28,8 +30,9 @@ import re
 import stat
 import threading
 from dataclasses import dataclass
+from typing import IO
 
-__all__ = ["LIMIT", "TAIL_READ", "Capper", "Limit", "cap", "last_line", "tail"]
+__all__ = ["LIMIT", "TAIL_READ", "Capper", "Limit", "Pump", "cap", "last_line", "tail"]
 
 #: The most bytes ``last_line`` reads.
 TAIL_READ = 64 * 1024
@@ -155,3 +158,60 @@ class Capper:
         self._thread.join()
         with contextlib.suppress(OSError):
             cap(self.path)
+
+
+class Pump:
+    """The one writer of the log ``out`` (a file opened for appending): a thread copies what
+    is written into the pipe ``write_fd`` (a child's stdout and stderr) into the log, and
+    cuts it by the rule (``limit``, else ``LIMIT``) whenever it is over the cap. No other
+    process writes the log, so no cut can lose output (module doc), and the log holds every
+    byte that reached the pipe once ``drain`` has returned True.
+
+    The caller gives ``write_fd`` to the child and then calls ``started``, which closes this
+    process's copy: the pipe ends, and the thread stops, when the last process holding it does.
+    """
+
+    def __init__(
+        self, out: IO[bytes], path: str | os.PathLike[str], limit: Limit | None = None
+    ) -> None:
+        self.path = path
+        self.limit = limit or LIMIT
+        self._fd = os.dup(out.fileno())  # its own: the caller may close ``out`` before the end
+        self._read_fd, self.write_fd = os.pipe()
+        os.set_inheritable(self._read_fd, False)
+        self._thread = threading.Thread(target=self._run, name="autotune-log-pump", daemon=True)
+        self._thread.start()
+
+    def started(self) -> None:
+        """The child has its copy of the pipe: close ours (once)."""
+        if self.write_fd >= 0:
+            os.close(self.write_fd)
+            self.write_fd = -1
+
+    def _run(self) -> None:
+        fd = self._fd
+        writing = True
+        try:
+            while chunk := os.read(self._read_fd, 1 << 16):
+                if writing:  # after a failed write (the disk full), the pipe is only read
+                    try:
+                        self._write(fd, chunk)
+                    except OSError:
+                        writing = False
+        finally:
+            os.close(self._read_fd)
+            os.close(fd)
+
+    def _write(self, fd: int, chunk: bytes) -> None:
+        while chunk:
+            chunk = chunk[os.write(fd, chunk) :]
+        if os.fstat(fd).st_size > self.limit.max_bytes:
+            cap(self.path, self.limit)
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for every writer of the pipe to have closed it and the log
+        to hold all they wrote; whether it does (a process the command left behind may still
+        hold the pipe open)."""
+        self.started()
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()

@@ -33,8 +33,9 @@ The reports are the script's output, not autotune's: each line is checked as it 
 (``core.step_report.Reports``), and a bad one - time stamps equal, backwards or not finite, a
 line that is not a report - fails the trial (``crash``) in one line naming the file, the line
 and what was wrong. A non-finite loss fails it as ``nan``, as for a built-in trial. The
-command's output goes to ``script.log``, opened with ``O_APPEND`` and capped at every poll and
-once at the end (``core.logfile``'s rule).
+command's output goes through a pipe to ``script.log``, whose one writer, ``core.logfile.Pump``,
+caps it by the log rule without losing a line to a cut: the last line, which names a failure,
+is in the log before it is read.
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ REPORT_ENV = "AUTOTUNE_REPORT_DIR"
 #: How long a script may run before its first reported step (imports, data, process group).
 WRAP_WAIT_S = 120.0
 POLL_S = 0.05
+#: How long the log's pump may take, once the command has exited or been ended, to copy the
+#: last of its output (a process it left holding the pipe would keep it open for ever).
+DRAIN_S = 5.0
 
 
 @dataclass
@@ -207,16 +211,7 @@ def measure_run(
     doc); raises ``TrialFailed``. ``backend`` is the profile's (``Launch`` used it)."""
     stream = StepStream(measure, config.micro_batch * world_size, incumbent)
     try:
-        rank0 = _watch(
-            run.proc,
-            stream,
-            run.reports,
-            run.log,
-            run.started,
-            timeout_s,
-            wrap_wait_s,
-            max_memory_mb,
-        )
+        rank0 = _watch(run, stream, timeout_s, wrap_wait_s, max_memory_mb)
     finally:
         run.end()
     peak_mb = peak_of_ranks(run.reports, max_memory_mb, rank0)
@@ -280,21 +275,33 @@ class Launch:
             self._tmp.cleanup()
             raise
         try:
-            self.proc = _start(command, child_env, cwd, self._out, work)
+            self._pump = logfile.Pump(self._out, self.log)
+            try:
+                self.proc = _start(command, child_env, cwd, self._pump.write_fd, work)
+            finally:
+                self._pump.started()
         except BaseException:
             self._out.close()
             self._tmp.cleanup()
             raise
 
+    def exited(self) -> int | None:
+        """The command's exit status once it has exited, its output then in the log (up to
+        ``DRAIN_S`` waited for it); None while it runs."""
+        code = self.proc.poll()
+        if code is not None:
+            self._pump.drain(DRAIN_S)
+        return code
+
     def end(self) -> None:
-        """End the command (once) and cap its log."""
+        """End the command (once); its output is then in the log (``exited``)."""
         if not self._ended:
             self._ended = True
             try:
                 _end(self.proc)
             finally:
+                self._pump.drain(DRAIN_S)
                 self._out.close()
-                logfile.cap(self.log)
 
     def __enter__(self) -> Launch:
         return self
@@ -352,12 +359,12 @@ def _start(
     command: Sequence[str],
     env: Mapping[str, str],
     cwd: str | os.PathLike[str] | None,
-    out: IO[bytes],
+    out: int,
     work: Path,
 ) -> subprocess.Popen[bytes]:
     """Start ``command`` under the guard (``autotune.script.guard``, watching this process), in
-    a session of its own, its output to ``out``; the guard removes the trial's directory
-    ``work`` if this process goes away first (``kill -9``)."""
+    a session of its own, its output to the file descriptor ``out``; the guard removes the
+    trial's directory ``work`` if this process goes away first (``kill -9``)."""
     guarded = [sys.executable, "-c", GUARD_BOOT, str(os.getpid()), "--remove", str(work), "--"]
     return subprocess.Popen(  # noqa: S603 - the user's own command, as they typed it
         [*guarded, *command],
@@ -452,20 +459,17 @@ def _mean(xs: Sequence[float]) -> float:
 
 
 def _watch(
-    proc: subprocess.Popen[bytes],
+    run: Launch,
     stream: StepStream,
-    reports: Path,
-    log: Path,
-    started: float,
     timeout_s: float,
     wrap_wait_s: float,
     max_memory_mb: float | None = None,
 ) -> Reports:
     """Poll rank 0's reports until ``stream`` is measured; raise ``TrialFailed`` when the
-    command exits first, reports nothing in ``wrap_wait_s``, runs past ``timeout_s``, reports
-    a peak memory over ``max_memory_mb``, a non-finite loss or a bad report line
-    (``core.step_report``). The log is capped at every poll (``core.logfile``)."""
-    rank0 = Reports(reports / "rank-0.steps")
+    command exits first (named by its log's error line, ``error_line``), reports nothing in
+    ``wrap_wait_s``, runs past ``timeout_s``, reports a peak memory over ``max_memory_mb``, a
+    non-finite loss or a bad report line (``core.step_report``)."""
+    rank0 = Reports(run.reports / "rank-0.steps")
     stamps = rank0.stamps
     while True:
         _read(rank0)
@@ -474,10 +478,10 @@ def _watch(
         _check_losses(stream, rank0.losses, len(stamps), measured)
         if measured:
             return rank0
-        code = proc.poll()
-        elapsed = time.monotonic() - started
+        code = run.exited()
+        elapsed = time.monotonic() - run.started
         if code is not None:
-            said = error_line(log)
+            said = error_line(run.log)
             raise TrialFailed(
                 FailureReason.CRASH,
                 f"the command exited with status {code} before it was measured"
@@ -494,7 +498,6 @@ def _watch(
             raise TrialFailed(
                 FailureReason.TIMEOUT, f"not measured after {timeout_s:.0f}s ({len(stamps)} steps)"
             )
-        logfile.cap(log)
         time.sleep(POLL_S)
 
 

@@ -337,7 +337,7 @@ def _follow(run: script_trial.Launch, leader: Any, node: int, timeout_s: float) 
     while time.monotonic() < until:
         if ended(FOLLOW_POLL_S):
             return
-        code = run.proc.poll()
+        code = run.exited()
         if code is not None:
             if ended(FOLLOWERS_WAIT_S):  # the leader ended meanwhile: it decides
                 return

@@ -547,42 +547,6 @@ def test_a_script_printing_past_the_cap_leaves_a_capped_log_and_its_last_line(
     assert b"\nFIRST LINE\n" in log[:200] and log.endswith(b"shard 3 is empty\n")
 
 
-BIG_LOG = """
-import os, sys
-if sys.argv[1:] == ["big"]:
-    os.ftruncate(1, 60 << 20)  # 60 MiB of output (a sparse file here), under the cap
-os.write(1, b"\\nthe last words\\n")
-raise SystemExit(1)
-"""
-
-
-def test_a_crashed_script_s_last_line_is_read_from_the_end_of_its_log(tmp_path):
-    """H-S09: the failure's last output line, from a log of 60 MiB: the driver reads its end,
-    not the file. (``rchar`` of ``/proc/self/io`` also counts what the reaped guard read: the
-    same script with a small log is the measure.)"""
-    (tmp_path / "big.py").write_text(BIG_LOG)
-    io = Path("/proc/self/io")
-    read = []
-    for size in ("small", "big"):
-        before = int(io.read_text().split("rchar:")[1].split()[0])
-        with pytest.raises(TrialFailed) as e:
-            run_script(
-                [sys.executable, "big.py", size],
-                config(),
-                world_size=2,
-                measure=SCRIPT_MEASURE,
-                timeout_s=60,
-                cwd=tmp_path,
-                log_dir=tmp_path,
-            )
-        read.append(int(io.read_text().split("rchar:")[1].split()[0]) - before)
-        assert e.value.detail.endswith(
-            "status 1 before it was measured (no step reported): the last words"
-        )
-    assert (tmp_path / "script.log").stat().st_size > 60 << 20
-    assert read[1] - read[0] < 4 << 20, read  # the log is 60 MiB
-
-
 def test_a_command_that_exits_at_once_fails_with_its_own_error_and_its_log(
     run_env, tmp_path, ray_address
 ):

@@ -5,6 +5,7 @@ on a file, on a real process writing past it, on a rank's output (``rank.env.out
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -86,6 +87,62 @@ def test_a_process_writing_fast_past_the_cap_leaves_a_capped_log(tmp_path):
     assert len(data) <= lim.max_bytes  # the last check found it under the cap, or cut it
     assert data.startswith(b"FIRST LINE\n") and data.endswith(b"LAST LINE\n")
     assert b" bytes cut here]\n" in data
+
+
+FLOOD = """
+import sys
+out = sys.stdout.buffer
+out.write(b"FIRST LINE\\n")
+block = b"".join(b"%09d\\n" % k for k in range(6500))
+for k in range(400):  # 26 MB, then the line a failure is named by, at once before the exit
+    out.write(block)
+out.write(b"out of data: shard 3 is empty\\n")
+sys.exit(3)
+"""
+
+
+def piped(tmp_path: Path, code: str, lim: Limit) -> tuple[logfile.Pump, subprocess.Popen, Path]:
+    log = tmp_path / "script.log"
+    with open(log, "ab") as out:  # closed at once: the pump writes through its own descriptor
+        pump = logfile.Pump(out, log, lim)
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=pump.write_fd)
+    pump.started()
+    return pump, child, log
+
+
+def test_a_piped_log_is_capped_and_loses_no_byte_to_a_cut(tmp_path):
+    """The one writer of a script's log (``Pump``) cuts between its own writes: the log keeps
+    its head and its tail, is no bigger than the cap, and the bytes kept plus the bytes the
+    marker says were cut are every byte the command wrote - its last line too, which a cut
+    made beside the writer can lose (the cap's race, module doc)."""
+    lim = Limit(max_bytes=1 << 20, head_bytes=64 << 10, tail_bytes=64 << 10)
+    pump, child, log = piped(tmp_path, FLOOD, lim)
+    assert child.wait(60) == 3
+    assert pump.drain(10)
+    data = log.read_bytes()
+    written = len(b"FIRST LINE\n") + 400 * 6500 * 10 + len(b"out of data: shard 3 is empty\n")
+    marker = re.search(rb"\n\[autotune: (\d+) bytes cut here\]\n", data)
+    assert len(data) <= lim.max_bytes and marker
+    assert len(data) - len(marker.group(0)) + int(marker.group(1)) == written
+    assert data.startswith(b"FIRST LINE\n000000000\n")
+    assert data.endswith(b"000006499\nout of data: shard 3 is empty\n")
+    assert last_line(log) == "out of data: shard 3 is empty"
+
+
+def test_drain_waits_only_so_long_for_a_process_left_holding_the_pipe(tmp_path):
+    """A process the command left behind keeps the pipe open: ``drain`` gives up after its
+    timeout (saying so), and returns once that process is gone, with what it printed."""
+    lim = Limit(max_bytes=1 << 20, head_bytes=64 << 10, tail_bytes=64 << 10)
+    code = (
+        "import subprocess, sys; print('parent', flush=True); "
+        "subprocess.Popen([sys.executable, '-c', "
+        "'import time; time.sleep(1.5); print(\"left behind\", flush=True)'])"
+    )
+    pump, child, log = piped(tmp_path, code, lim)
+    assert child.wait(30) == 0
+    assert not pump.drain(0.2)
+    assert pump.drain(30)
+    assert log.read_bytes() == b"parent\nleft behind\n"
 
 
 RANK = """

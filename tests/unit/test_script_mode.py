@@ -523,3 +523,17 @@ def test_a_scripts_warm_up_hopelessly_below_the_incumbent_is_pruned_before_it_se
     # the same steps against an incumbent within 4x: still warming up
     near = StepStream(M, samples_per_step=64.0, incumbent=Interval(450.0, 400.0, 500.0, 5))
     assert not near.feed(stamps(slower[:8]))
+
+
+def test_a_failed_script_is_named_from_the_end_of_its_log(tmp_path):
+    """H-S09: the failure's last output line, from a log of 60 MiB (a sparse file): the driver
+    reads its end, not the file (``rchar`` of ``/proc/self/io``)."""
+    log = tmp_path / "script.log"
+    with open(log, "wb") as f:
+        f.truncate(60 << 20)
+        f.seek(0, os.SEEK_END)
+        f.write(b"\nthe last words\n")
+    io = Path("/proc/self/io")
+    before = int(io.read_text().split("rchar:")[1].split()[0])
+    assert error_line(log) == "the last words"
+    assert int(io.read_text().split("rchar:")[1].split()[0]) - before < 4 << 20
