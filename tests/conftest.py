@@ -19,8 +19,38 @@ TESTS = REPO / "tests"
 ORIGINAL_PYTHONPATH = os.environ.get("PYTHONPATH")
 
 
+#: Tiers that mostly wait (Ray's node-death timeout, a lock held past SQLite's busy timeout,
+#: namespaces and a second cluster brought up): first in the queue, so that under pytest-xdist
+#: the tests that keep the CPU busy run beside them.
+WAITING = ("netlab", "waits", "postgres", "browser")
+
+
+def group_of(item: pytest.Item) -> str:
+    """The pytest-xdist group of ``item`` (``--dist loadgroup``): the network lab's tests are one
+    (a lab is one per machine), the tests that read the shared ``finished_run`` one (built once,
+    and read before the one test that resumes it), every other file one of its own (its module
+    fixtures built once)."""
+    if item.get_closest_marker("netlab"):
+        return "netlab"
+    if "finished_run" in getattr(item, "fixturenames", ()):
+        return "finished_run"
+    return Path(str(item.fspath)).stem
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """The ``stress`` tier (a hostile case repeated tens of times) runs only where asked."""
+    """Groups for pytest-xdist (``group_of``), the waiting tiers first and the unit tier last
+    (a stable sort: each file's own order kept), and the ``stress`` tier (a hostile case
+    repeated tens of times) run only where asked."""
+
+    def rank(item: pytest.Item) -> int:
+        if any(item.get_closest_marker(m) for m in WAITING):
+            return 0
+        return 1 if item.get_closest_marker("integration") else 2
+
+    items.sort(key=rank)
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group_of(item)))
     if os.environ.get("AUTOTUNE_STRESS") == "1":
         return
     skip = pytest.mark.skip(
@@ -106,6 +136,23 @@ def edited(record: dict, **changes) -> dict:
 
 def autotune_cmd(*args: str) -> list[str]:
     return [AUTOTUNE, *args]
+
+
+def with_env(name: str, value_prefix: str) -> set[int]:
+    """The live processes whose environment (as they were started) sets ``name`` to a value
+    starting with ``value_prefix``: what a test started, and what that started, found by a
+    mark of its own, whatever else runs on the machine (another worker's tests included)."""
+    needle = f"{name}={value_prefix}".encode()
+    out = set()
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X") and any(v.startswith(needle) for v in env):
+            out.add(int(entry.name))
+    return out
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, every: float = 0.1) -> bool:

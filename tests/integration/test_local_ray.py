@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from autotune.launch.reaper import OWNER_ENV, Reaper, read_proc
-from tests.conftest import REPO, wait_for
+from tests.conftest import REPO, wait_for, with_env
 from tests.integration.test_run_cli import group_of
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.waits]
 
 #: The driver: argv[1] a file its instance's actor holds open ("" for none), argv[2] the
 #: program of a child of its own it starts first (a user's, not marked), argv[3] "nobody" for
@@ -112,16 +112,7 @@ def started(driver: subprocess.Popen) -> dict:
 
 def marked_with(value_prefix: str) -> set[int]:
     """The live processes whose environment carries ``OWNER_ENV`` with a value starting so."""
-    needle = f"{OWNER_ENV}={value_prefix}".encode()
-    out = set()
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            env = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(v.startswith(needle) for v in env):
-            out.add(int(entry.name))
-    return out
+    return with_env(OWNER_ENV, value_prefix)
 
 
 def end(pid: int) -> None:

@@ -16,7 +16,7 @@ from tests.conftest import started_run, wait_for
 from tests.integration.conftest import trial_running
 from tests.integration.raycluster import check_run_stopped_by_node_loss, pids_with, ray_cluster
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.waits]
 
 
 @pytest.fixture

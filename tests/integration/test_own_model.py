@@ -5,15 +5,19 @@ leaves no process behind), with a short budget and the quick study's short windo
 from __future__ import annotations
 
 import re
+import uuid
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tests.conftest import REPO
+from tests.conftest import REPO, with_env
 from tests.integration.conftest import autotune
 
 pytestmark = pytest.mark.integration
+
+#: Set in the run's environment: every process it starts inherits it.
+TEST_MARK = "AUTOTUNE_TEST_MARK"
 
 
 def example() -> tuple[str, list[str]]:
@@ -30,9 +34,7 @@ def test_the_readme_example_is_at_most_30_lines():
 
 
 def test_the_readme_example_tunes_its_own_model_and_leaves_nothing_running(run_env, tmp_path):
-    from tests.integration.test_run_cli import ray_processes
-
-    before = ray_processes()
+    mark = f"own-model-{uuid.uuid4()}"  # in every process the run starts, Ray's included
     code, command = example()
     (tmp_path / "my_model.py").write_text(code)
     args = command[2:]
@@ -41,7 +43,7 @@ def test_the_readme_example_tunes_its_own_model_and_leaves_nothing_running(run_e
     # be (about 20 s here); the rest is room for a loaded machine, and for a first measurement
     # taken twice (a crashed traced probe is measured again untraced: limit.probe.probe_one)
     p = autotune(
-        run_env,
+        {**run_env, TEST_MARK: mark},
         "run",
         *args,
         "--study",
@@ -62,7 +64,7 @@ def test_the_readme_example_tunes_its_own_model_and_leaves_nothing_running(run_e
     assert study.trials[0].state == TrialState.COMPLETE and len(measured) >= 2, p.stdout
     assert all(t.user_attrs["config"]["global_batch"] == 256 for t in measured)
     assert (tmp_path / "home" / "profiles" / "quick-my_model.workload-gloo-2r.yaml").exists()
-    assert ray_processes() == before  # the local instance it started is gone
+    assert not with_env(TEST_MARK, mark)  # the local instance it started is gone
 
 
 def test_a_trainer_that_breaks_the_contract_is_refused_before_any_trial(run_env, tmp_path):

@@ -315,11 +315,6 @@ def test_resuming_with_a_different_workload_is_refused(finished_run):
     assert "choose another --study-name" in p.stderr and "measured workload" in p.stderr
 
 
-def ray_processes() -> int:
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return sum(1 for line in out.splitlines() if "raylet" in line or "gcs_server" in line)
-
-
 TESTS_DIR = Path(__file__).resolve().parent.parent
 
 

@@ -16,7 +16,7 @@ from autotune.record.storage import SQLITE_BUSY_TIMEOUT_S
 from tests.conftest import started_run
 from tests.integration.conftest import STUDY
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.waits]
 
 
 def study_of(run_env):
