@@ -99,12 +99,15 @@ class RunView:
     def __call__(self, event: Any) -> None:
         """Show one event of the run (``autotune.core.events``); called from any thread. A
         line holding a control character (from a study, a database, a command) is shown
-        escaped (``terminal_safe``), unstyled."""
+        escaped (``terminal_safe``), unstyled. The live part is redrawn at once: a trial
+        shorter than the refresh period is still shown running."""
         with self._lock:
             for line in self._render(event):
                 if not line.plain.isprintable():
                     line = Text(terminal_safe(line.plain))
                 self.console.print(line, highlight=False, soft_wrap=True)
+            if self._progress is not None:
+                self._progress.refresh()
 
     def _render(self, e: Any) -> list[Text]:
         """Update the live state from ``e``; the log lines it makes (plain text, styled)."""

@@ -31,7 +31,7 @@ def _why_not() -> str | None:
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             return f"the network lab needs `{tool}` (iproute2), which is not installed"
-    probe = "atlab-probe"
+    probe = f"atlab-probe-{os.getpid()}"  # one per process: pytest-xdist workers probe at once
     p = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     if p.returncode != 0:
