@@ -24,24 +24,47 @@ ORIGINAL_PYTHONPATH = os.environ.get("PYTHONPATH")
 #: the tests that keep the CPU busy run beside them.
 WAITING = ("netlab", "waits", "postgres", "browser")
 
+#: Files one pytest-xdist worker runs together, one after the other (every other file is a
+#: group of its own, its module fixtures built once): the network lab's (a lab is one per
+#: machine), and those that read the shared ``finished_run`` (made once, and read before the
+#: one test that resumes it). ``tests/unit/test_test_groups.py`` checks that every file using
+#: either is named here.
+GROUPS = {
+    "test_netlab.py": "netlab",
+    "test_netlab_script.py": "netlab",
+    "test_browser.py": "finished_run",
+    "test_report_cli.py": "finished_run",
+    "test_run_cli.py": "finished_run",
+}
 
-def group_of(item: pytest.Item) -> str:
-    """The pytest-xdist group of ``item`` (``--dist loadgroup``): the network lab's tests are one
-    (a lab is one per machine), the tests that read the shared ``finished_run`` one (built once,
-    and read before the one test that resumes it), every other file one of its own (its module
-    fixtures built once)."""
-    if item.get_closest_marker("netlab"):
-        return "netlab"
-    if "finished_run" in getattr(item, "fixturenames", ()):
-        return "finished_run"
-    return Path(str(item.fspath)).stem
+
+def group_of(nodeid: str) -> str:
+    """The group of the test ``nodeid``: its file's entry in ``GROUPS``, else its file."""
+    path = nodeid.split("::", 1)[0]
+    return GROUPS.get(Path(path).name, path)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``-n``: whole groups (``group_of``) to a worker, in the order of the collection.
+    pytest-xdist's own ``--dist loadgroup`` cannot do it here: it renames a test's node id to
+    carry its ``xdist_group`` mark, which pytest 9 ignores (a node's id is no longer that
+    attribute), so every test went to any worker. This is pytest-xdist's way of making its
+    ``loadfile`` scheduler, with the group in place of the file."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return GroupScheduling(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Groups for pytest-xdist (``group_of``), the waiting tiers first and the unit tier last
-    (a stable sort: each file's own order kept), and the ``stress`` tier (a hostile case
-    repeated tens of times) run only where asked."""
+    """The waiting tiers first and the unit tier last (a stable sort: each file's own order
+    kept; the queue of groups under ``-n``), and the ``stress`` tier (a hostile case repeated
+    tens of times) run only where asked."""
 
     def rank(item: pytest.Item) -> int:
         if any(item.get_closest_marker(m) for m in WAITING):
@@ -49,8 +72,6 @@ def pytest_collection_modifyitems(config, items):
         return 1 if item.get_closest_marker("integration") else 2
 
     items.sort(key=rank)
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group_of(item)))
     if os.environ.get("AUTOTUNE_STRESS") == "1":
         return
     skip = pytest.mark.skip(
