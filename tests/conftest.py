@@ -163,16 +163,19 @@ def with_env(name: str, value_prefix: str) -> set[int]:
     """The live processes whose environment (as they were started) sets ``name`` to a value
     starting with ``value_prefix``: what a test started, and what that started, found by a
     mark of its own, whatever else runs on the machine (another worker's tests included)."""
+    from autotune.launch.reaper import read_proc
+
     needle = f"{name}={value_prefix}".encode()
     out = set()
     for entry in Path("/proc").glob("[0-9]*"):
         try:
             env = (entry / "environ").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
+        except OSError:
             continue
-        if state not in ("Z", "X") and any(v.startswith(needle) for v in env):
-            out.add(int(entry.name))
+        if any(v.startswith(needle) for v in env):
+            p = read_proc(int(entry.name))
+            if p is not None and not p.zombie:
+                out.add(p.pid)
     return out
 
 

@@ -177,8 +177,7 @@ class Pump:
         self.path = path
         self.limit = limit or LIMIT
         self._fd = os.dup(out.fileno())  # its own: the caller may close ``out`` before the end
-        self._read_fd, self.write_fd = os.pipe()
-        os.set_inheritable(self._read_fd, False)
+        self._read_fd, self.write_fd = os.pipe()  # neither inherited (PEP 446) but as stdout
         self._thread = threading.Thread(target=self._run, name="autotune-log-pump", daemon=True)
         self._thread.start()
 
