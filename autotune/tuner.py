@@ -72,8 +72,8 @@ from autotune.record.study import (
 from autotune.record.vet import check_studies
 from autotune.report.trackers import Trackers
 from autotune.script.job import ScriptJob, script_job
-from autotune.script.measurer import ScriptMeasurer
 from autotune.script.nodes import check_files
+from autotune.script.script_measurer import ScriptMeasurer
 from autotune.search.assembly import Assembly, assemble
 from autotune.search.opening import open_study
 from autotune.search.screening import ruled_out

@@ -1,5 +1,5 @@
 """Script mode, script side: what ``Profile.wrap`` adds when a trial of ``autotune run ... --
-CMD`` runs the user's script (``autotune.script.measure`` is the driver's side).
+CMD`` runs the user's script (``autotune.script.command`` is the driver's side).
 
 When ``AUTOTUNE_REPORT_DIR`` is set, ``install`` registers a forward pre-hook on the wrapped
 model: each forward pass appends a line ``t <time.perf_counter()>`` to

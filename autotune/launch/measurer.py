@@ -5,7 +5,7 @@
 thread, returning its ``TrialResult``. The search (``search.loop``), its objective, the first
 measurement, re-validation, ablation and the limit probe ask only that of it. Three
 implementations: ``RayMeasurer`` runs the study's workload with its measurement settings on the
-run's Ray placement groups (``tuner.run``); ``autotune.script.measurer.ScriptMeasurer``, a
+run's Ray placement groups (``tuner.run``); ``autotune.script.script_measurer.ScriptMeasurer``, a
 ``RayMeasurer`` too, runs the user's own command there instead (script mode);
 ``autotune.replay.simulate.ReplayMeasurer`` draws recorded runs of a landscape on a simulated
 clock (the replay benchmark). All are called in the driver process; only what the Ray ones send

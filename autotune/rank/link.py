@@ -2,9 +2,10 @@
 of a few message sizes, timed, for the alpha-beta fit of the first measurement in script mode
 (``autotune.limit.evidence.fit_alpha_beta``: seconds = alpha + bytes x per-byte).
 
-``sweep`` runs in one process per rank on the trial's placement (``autotune.script.probe``
-starts them as Ray tasks in the script's bundles): it joins a process group of its own
-(a TCP store on the first node's address, the study's backend), all-reduces each size once
+``sweep`` runs in one process per rank on the trial's placement
+(``autotune.script.first_measurement`` starts them as Ray tasks in the script's bundles): it
+joins a process group of its own (a TCP store on the first node's address, the study's
+backend), all-reduces each size once
 unmeasured and then ``repeats`` times, and returns each size's median over the repeats, the
 slowest rank's (every rank returns the same). Nothing of the user's job runs here.
 """

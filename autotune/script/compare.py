@@ -2,7 +2,7 @@
 their check that a profile still pays on their job (docs/script-mode.md, *autotune compare*).
 
 ``A`` and ``B`` are each a profile file or ``asis`` (``AS_IS``), the job as it is. A run is one
-run of ``CMD`` measured and ended as a script-mode trial (``script.measure.run_script``: warm-up,
+run of ``CMD`` measured and ended as a script-mode trial (``script.command.run_script``: warm-up,
 windows, stop rule, failures, containment), with the arm's configuration: a profile gives its
 environment and its settings (``AUTOTUNE_PROFILE``) as ``autotune launch`` does; ``asis`` gives
 nothing of autotune's to the environment (no allocator pin, ``OMP_NUM_THREADS``, ``NCCL_*``)
@@ -329,8 +329,8 @@ def measure(plan: Plan, say: Callable[[str], None]) -> list[Run]:
 
 
 def _here(plan: Plan) -> Callable[..., Any]:
-    """One run on this machine, a child of this process (``script.measure.run_script``)."""
-    from autotune.script.measure import run_script
+    """One run on this machine, a child of this process (``script.command.run_script``)."""
+    from autotune.script.command import run_script
 
     def run_once(config: Any, log_dir: Path | None, env: dict[str, str] | None) -> Any:
         return run_script(

@@ -1,7 +1,7 @@
 """Script mode: the guard between the driver and the user's command.
 
 ``python -m autotune.script.guard DRIVER_PID [--remove DIR] -- CMD ...`` is what
-``script.measure.run_script`` starts (its DRIVER_PID is the process that starts it: the driver,
+``script.command.run_script`` starts (its DRIVER_PID is the process that starts it: the driver,
 or the Ray task's worker; DIR the trial's directory, removed if the driver goes away first).
 It is two processes. The front, which the driver sees, forks the keeper and waits for it,
 exiting with its status (128 + N for a signal N). The keeper makes itself a child subreaper

@@ -162,7 +162,7 @@ def script_job(d: StudyDefinition) -> tuple[StudyDefinition, ScriptJob]:
     """Check script mode's command and settings; the definition as script mode runs it (one
     trial at a time, one bundle per node) and the job. Raises ``ConfigError`` naming the
     fix. ``limit`` stays the user's: in script mode it is the first measurement only
-    (``script.probe``), and no limit probe runs at the end."""
+    (``script.first_measurement``), and no limit probe runs at the end."""
     cmd = d.command
     check_command(cmd[0], who="autotune run")
     if d.global_batch is None:

@@ -5,7 +5,7 @@ The trial's placement group has one bundle per node (``launcher.TrialRunner`` wi
 ``ranks_per_bundle``: the ranks torchrun starts there, their CPUs, and one GPU each with nccl),
 ``strict_spread`` over distinct nodes, or ``strict_pack`` on one. ``run_on_nodes`` (the
 driver's side) starts one Ray task per bundle (``run_node``): the task on the first bundle is
-the **leader**, which measures the trial exactly as on one machine (``script.measure``: rank 0's
+the **leader**, which measures the trial exactly as on one machine (``script.command``: rank 0's
 step reports, read on its own node); the others are **followers**, which start the same command
 with their node rank (``script.job.node_command``: torchrun's static rendezvous puts global rank
 0 on the first node) and wait until the leader's task has ended, watching it through Ray
@@ -65,8 +65,8 @@ from autotune.core.step_report import PROBE_ENV
 from autotune.launch.cluster import SHIP_EXCLUDES
 from autotune.launch.failures import classify, first_line, gone_away
 from autotune.launch.launcher import TASK_GRACE_S, TrialRunner, first_dead
+from autotune.script import command as script_trial
 from autotune.script import guard as script_guard
-from autotune.script import measure as script_trial
 from autotune.script.job import node_command
 
 __all__ = ["SHIP_LIMIT_BYTES", "Files", "NodeOutcome", "check_files", "free_port", "run_node"]
@@ -376,7 +376,7 @@ def run_on_nodes(
 ) -> TrialResult:
     """One trial of ``command`` on every bundle's node of ``runner`` (module doc), starting
     from ``env`` (this process's environment by default); ``probe``: with the step's phases
-    timed (``script.probe``). Raises ``TrialFailed``."""
+    timed (``script.first_measurement``). Raises ``TrialFailed``."""
     import ray
 
     runner.ensure_placed()

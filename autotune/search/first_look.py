@@ -1,6 +1,7 @@
 """The first measurement: the limit probe of the defaults, taken once right after the baseline
 trial (or read back from a resumed or shared study), and the screening order it gives. In
-script mode the probe is the script's own steps, timed, and the link's fit (``script.probe``).
+script mode the probe is the script's own steps, timed, and the link's fit
+(``script.first_measurement``).
 
 ``first_measurement`` runs on a search thread before any other trial. It says in one line what
 bounds the step (``limit.evidence.Evidence.describe``), the order the screening will take with each

@@ -24,7 +24,7 @@ from autotune.core.config import MeasureSettings
 from autotune.core.errors import FailureReason, TrialFailed
 from autotune.script import guard
 from autotune.script.cgroup import CGROUP_ENV, make_group
-from autotune.script.measure import run_script
+from autotune.script.command import run_script
 from tests.conftest import REPO
 from tests.integration.test_script_mode import config
 

@@ -25,7 +25,7 @@ from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.errors import FailureReason, TrialFailed
 from autotune.core.target import Target
 from autotune.definition.space import SearchSpace
-from autotune.script.measure import run_script
+from autotune.script.command import run_script
 from tests.conftest import REPO, started_run, wait_for
 from tests.integration.conftest import autotune, trial_running
 from tests.integration.test_launch_signals import alive
@@ -226,7 +226,7 @@ def test_no_process_of_the_script_outlives_a_driver_killed_with_minus_9(tmp_path
                 "import sys\n"
                 "from tests.integration.test_script_mode import config\n"
                 "from autotune.core.config import MeasureSettings\n"
-                "from autotune.script.measure import run_script\n"
+                "from autotune.script.command import run_script\n"
                 f"run_script([sys.executable, {str(script)!r}], config(), world_size=2, "
                 "measure=MeasureSettings(), timeout_s=600, wrap_wait_s=600)\n"
             ),

@@ -2,7 +2,7 @@
 the packages (every import follows the declared floors; a rank imports only the core), no import
 circle between modules, no private name imported from another module, no module over 800
 lines (one over 400 is named in a warning), no function over 120 (over 60 named), no display
-code in the tuning loop."""
+code in the tuning loop, no module file name in two packages."""
 
 from __future__ import annotations
 
@@ -122,6 +122,16 @@ def test_no_import_circle():
 
     circles = sorted(name for name in graph if name in reach(name))
     assert circles == []
+
+
+def test_no_module_name_is_used_in_two_packages():
+    """A file name says one job: ``measure.py`` in two packages had a reader look for the
+    measuring in the one that launches."""
+    where: dict[str, list[str]] = {}
+    for path in MODULES.values():
+        if path.name != "__init__.py":
+            where.setdefault(path.name, []).append(path.parent.name)
+    assert {name: dirs for name, dirs in where.items() if len(dirs) > 1} == {}
 
 
 def test_no_private_name_is_imported_from_another_module():

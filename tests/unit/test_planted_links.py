@@ -10,7 +10,7 @@ import pytest
 
 from autotune.core.errors import TrialFailed
 from autotune.rank.env import output_to
-from autotune.script.measure import open_log
+from autotune.script.command import open_log
 from autotune.tuner import make_private_dir
 
 
@@ -63,7 +63,7 @@ def test_h_w08_a_log_swapped_for_a_link_or_a_fifo_is_not_read(tmp_path):
     a link to a file of the user's gives nothing (its secret line was the failure's reason),
     a FIFO does not hang the run."""
     from autotune.core.logfile import tail
-    from autotune.script.measure import error_line
+    from autotune.script.command import error_line
 
     secret = tmp_path / "secret"
     secret.write_text("error: the user's secret\n")

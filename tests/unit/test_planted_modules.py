@@ -11,7 +11,7 @@ import sys
 
 from autotune.launch.cluster import _init_kwargs
 from autotune.rank.workload import TRAINER_DIR_ENV, _with_cwd_on_path
-from autotune.script.measure import GUARD_BOOT
+from autotune.script.command import GUARD_BOOT
 
 PLANTED = "import pathlib; pathlib.Path({!r}).write_text('ran')\n"
 

@@ -16,8 +16,8 @@ from autotune.core.numerics import CURVE_STEPS
 from autotune.core.stats import Interval
 from autotune.core.step_report import BadReport
 from autotune.definition.studydef import StudyDefinition
+from autotune.script.command import Reports, StepStream, error_line, loss_curve
 from autotune.script.job import node_command, script_job
-from autotune.script.measure import Reports, StepStream, error_line, loss_curve
 
 M = MeasureSettings(window_s=1.0, min_windows=3, max_windows=6)
 
@@ -390,7 +390,7 @@ def test_a_reaped_guard_is_not_signalled(monkeypatch):
     (PIDs are reused quickly): ending the trial signals nothing by that pid."""
     import subprocess
 
-    from autotune.script import measure as trial
+    from autotune.script import command as trial
 
     proc = subprocess.Popen(["true"])
     while proc.poll() is None:  # reaped, as the watch loop's poll reaps it

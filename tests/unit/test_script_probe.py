@@ -1,8 +1,8 @@
 """The script's first measurement on recorded figures: the timed phases of a script's steps and
 the link's all-reduces become the limit probe's record, and the screening order comes from it
-as in built-in mode (``autotune.script.probe``, ``autotune.search.screening``). The figures are
-those of a 14 M-parameter MLP across two lab nodes at 300 Mbit (gloo, one rank each), and of
-the same model on loopback, where the link is fast and the step is compute."""
+as in built-in mode (``autotune.script.first_measurement``, ``autotune.search.screening``). The
+figures are those of a 14 M-parameter MLP across two lab nodes at 300 Mbit (gloo, one rank
+each), and of the same model on loopback, where the link is fast and the step is compute."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from autotune.core.target import Target
 from autotune.definition.space import SearchSpace
 from autotune.limit.evidence import Evidence
 from autotune.limit.probe import bounds
-from autotune.script.measure import phases
-from autotune.script.probe import record_of
+from autotune.script.command import phases
+from autotune.script.first_measurement import record_of
 from autotune.search.screening import plan
 
 GRAD_BYTES = 56_684_548.0  # 6 x Linear(1536, 1536) + head, fp32

@@ -3,8 +3,8 @@
 ``ScriptMeasurer`` is a ``launch.measurer.RayMeasurer`` whose runs start the user's torchrun
 command on the placement group's nodes (``script.nodes.run_on_nodes``) instead of the study's
 trainer in warm rank actors; the limit probe's place is taken by the script's first measurement
-(``script.probe.first_measurement``). Everything else (the placement of each search thread,
-the trial timeout, what the job as it runs today is) is the Ray measurer's.
+(``script.first_measurement.first_measurement``). Everything else (the placement of each search
+thread, the trial timeout, what the job as it runs today is) is the Ray measurer's.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from autotune.core.target import Target
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.launcher import TrialRunner
 from autotune.launch.measurer import RayMeasurer, checked
+from autotune.script.first_measurement import first_measurement
 from autotune.script.nodes import Files, run_on_nodes
-from autotune.script.probe import first_measurement
 
 __all__ = ["ScriptMeasurer"]
 

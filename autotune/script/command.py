@@ -217,7 +217,7 @@ def measure_run(
     peak_mb = peak_of_ranks(run.reports, max_memory_mb, rank0)
     wall = time.monotonic() - run.started
     rank = _rank_result(stream, rank0, config, pid=run.proc.pid, wall_s=wall, peak_mb=peak_mb)
-    if rank0.probe:  # the first measurement's run (``script.probe``)
+    if rank0.probe:  # the first measurement's run (``script.first_measurement``)
         rank.limit = {"phases": phases(rank0.probe, rank.steps, config.accumulation_steps)}
     return TrialResult(ranks=[rank], wall_s=wall)
 
