@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from autotune.core import apply
+from autotune.core import apply, values
 from autotune.core.config import POWERSGD_START_ITER
 from autotune.core.errors import ConfigError
 from autotune.core.knobs import KNOBS
@@ -248,7 +248,11 @@ def header(profile: Profile, framework: str, fmt: str) -> list[str]:
     a profile may come from someone else."""
     study, measured = profile.study, profile.measured
     speedup = measured.get("speedup")
-    shown = f"{speedup:.2f}x the defaults" if isinstance(speedup, (int, float)) else "measured"
+    shown = (
+        f"{values.speedup(speedup)} the defaults"
+        if isinstance(speedup, (int, float))
+        else "measured"
+    )
     env = printable(" ".join(f"{k}={v}" for k, v in profile.env.items())) or "(none)"
     return [
         f"# {framework} settings of autotune profile {literal(study.get('name'))} "

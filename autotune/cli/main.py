@@ -271,7 +271,7 @@ def _exported_line(path: Path) -> str:
 
 
 def _print_summary(console: Any, summary: Any) -> None:
-    from autotune.core.values import number
+    from autotune.core.values import number, speedup
     from autotune.limit.probe import summary_line
     from autotune.record.attrs import LimitRecord, StopRecord, ValidationRecord, load_readable
     from autotune.record.storage import display_url
@@ -295,7 +295,7 @@ def _print_summary(console: Any, summary: Any) -> None:
     if summary.baseline and summary.best:
         say(
             f"Search     baseline {number(summary.baseline)} samples/s, best single trial "
-            f"{number(summary.best)} samples/s ({summary.best / summary.baseline:.2f}x)"
+            f"{number(summary.best)} samples/s ({speedup(summary.best / summary.baseline)})"
         )
     stop = None if summary.study is None else load_readable(summary.study, StopRecord)
     if stop is not None:

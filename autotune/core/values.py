@@ -131,9 +131,10 @@ def nbytes(b: float) -> str:
     return f"{number(b, 3)} B"
 
 
-def speedup(x: float) -> str:
-    """A ratio to the defaults: 1.52x (two decimals: noise below 1 % is not news)."""
-    return f"{x:.2f}x" if math.isfinite(x) else f"{x}x"
+def speedup(x: float, digits: int = 2) -> str:
+    """The one way a ratio to the defaults is written alone: 1.52x (two decimals: noise below
+    1 % is not news; ``digits`` more where a table sets small effects side by side)."""
+    return f"{x:.{digits}f}x" if math.isfinite(x) else f"{x}x"
 
 
 def ratio_interval(median: float, low: float, high: float, *, digits: int = 2) -> str:

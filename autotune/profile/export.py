@@ -16,6 +16,7 @@ import optuna
 
 from autotune.core.config import TrialConfig
 from autotune.core.errors import ConfigError
+from autotune.core.values import speedup
 from autotune.definition.durations import format_duration
 from autotune.limit.probe import summary_line
 from autotune.profile.profile import EXPORT_FIX as _FIX
@@ -134,8 +135,8 @@ def screening_note(study: optuna.Study) -> str:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for x in effects.values():
-        shown = "-" if x.speedup is None else f"{x.speedup:.3f}x"
-        gain = "-" if x.gain is None else f"{x.gain:.3f}x"
+        shown = "-" if x.speedup is None else speedup(x.speedup, 3)
+        gain = "-" if x.gain is None else speedup(x.gain, 3)
         row = [x.label, x.on_top or "-", x.trial, x.state, shown, gain, x.helps]
         rows.append("| " + " | ".join(str(v).replace("|", "/") for v in row) + " |")
     return "\n".join(rows) + "\n"

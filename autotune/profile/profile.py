@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.core import allocator, apply, step_report
+from autotune.core import allocator, apply, step_report, values
 from autotune.core import safe_yaml as _yaml
 from autotune.core.config import POWERSGD_START_ITER, TrialConfig
 from autotune.core.errors import ConfigError
@@ -160,7 +160,7 @@ class Profile:
             if not precise(speedup, ci[0], ci[1]):
                 return f"re-validated against the defaults: {said}"
             return f"{said} over the defaults (re-validated, 95 % interval)"
-        return f"{speedup:.2f}x the defaults ({m.get('note', 'not re-validated')})"
+        return f"{values.speedup(speedup)} the defaults ({m.get('note', 'not re-validated')})"
 
     def hardware_differences(self) -> list[str]:
         """How this process's hardware differs from where the profile was measured."""

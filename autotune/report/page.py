@@ -199,7 +199,7 @@ def _screened(study: optuna.Study) -> dict[str, str]:
         effect = {"speedup": x.speedup, "helps": x.helps, "noise": noise}
         said = verdict({**effect, "on_top": x.on_top, "gain": x.gain})
         pm = "" if noise is None else f" ±{noise:.0%}"
-        how = f"alone {x.speedup:.2f}x{pm}"
+        how = f"alone {speedup(x.speedup)}{pm}"
         if x.on_top is not None:
             how = f"on top of {x.on_top} {_fmt(x.gain, '.2f')}x{pm}"
         for knob in x.moves:

@@ -23,7 +23,7 @@ from rich.text import Text
 from autotune.core import events as ev
 from autotune.core.knobs import changed_knobs
 from autotune.core.stats import precise, speedup_text
-from autotune.core.values import number, terminal_safe
+from autotune.core.values import number, speedup, terminal_safe
 from autotune.definition.durations import format_duration
 from autotune.record import trial as tr
 from autotune.record.study import baseline_trial, complete, failure_reasons
@@ -175,7 +175,9 @@ class RunView:
 
     def status_lines(self) -> list[RenderableType]:
         c = self.counts
-        best = "" if self.best is None else f" · best {self.best[0]:.2f}x (trial {self.best[1]})"
+        best = (
+            "" if self.best is None else f" · best {speedup(self.best[0])} (trial {self.best[1]})"
+        )
         lines: list[RenderableType] = [
             Text(
                 f"trials {c['complete']} complete · {c['failed']} failed · "
@@ -221,7 +223,7 @@ def _screening_lines(e: ev.ScreeningDone) -> list[Text]:
         pm = 100 * ci.get("rel_half_width", 0.0) if isinstance(ci, dict) else 0.0
         said = verdict(x)
         if x.get("on_top") and x.get("gain") is not None:
-            said = f"{said}: {x['gain']:.2f}x on top of {x['on_top']}"
+            said = f"{said}: {speedup(x['gain'])} on top of {x['on_top']}"
         mark = (said, "green" if said.startswith("helps") else "yellow" if x["helps"] else "dim")
         lines.append(Text.assemble(f"  {label:<30} {x['speedup']:5.2f}x ±{pm:.1f}%  ", mark))
     if e.combined:
@@ -284,7 +286,7 @@ def summary_table(study: Any, *, top: int = 5) -> Table:
         table.add_row(
             f"{t.number}{tag}",
             number(t.values[0]),
-            f"{_speedup(t):.2f}x",
+            speedup(_speedup(t)),
             *memory,
             # a Text, escaped: a stored setting is not rich markup, and holds no escape
             Text(terminal_safe(changed_settings(t.params, reference))),

@@ -31,6 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.core.values import speedup
 from autotune.definition.paths import file_stem
 from autotune.record import trial as tr
 
@@ -90,7 +91,7 @@ class TrialRecord:
         text = f"{self.state} {m.get('throughput', float('nan')):.1f} samples/s"
         if "interval_low" in m and "interval_high" in m:
             text += f" (95% {m['interval_low']:.1f}-{m['interval_high']:.1f})"
-        return text + (f" {m['speedup']:.2f}x" if "speedup" in m else "")
+        return text + (f" {speedup(m['speedup'])}" if "speedup" in m else "")
 
     def flat_params(self) -> dict[str, Any]:
         return flat(self.params)

@@ -23,6 +23,7 @@ from optuna.trial import TrialState
 
 from autotune.core.errors import TrialFailed
 from autotune.core.events import Emit, Note
+from autotune.core.values import speedup
 from autotune.definition.space import ResolvedSpace
 from autotune.definition.studydef import StudyDefinition
 from autotune.limit.evidence import Evidence
@@ -60,7 +61,7 @@ def first_measurement(
     todo, skipped = plan(space, ev)
     if todo or skipped:
         order = ", ".join(
-            p.prior.label + ("" if p.gain is None else f" (<= {p.gain:.2f}x)") for p in todo
+            p.prior.label + ("" if p.gain is None else f" (<= {speedup(p.gain)})") for p in todo
         )
         emit(Note(f"Screening order from the first measurement: {order or 'nothing'}"))
         bar = max(ev.noise, HELPS)
@@ -75,7 +76,7 @@ def first_measurement(
                 continue
             emit(
                 Note(
-                    f"Not screened: {p.prior.label}: at most {p.gain:.3f}x on this step, "
+                    f"Not screened: {p.prior.label}: at most {speedup(p.gain, 3)} on this step, "
                     f"within the noise (±{bar:.1%})"
                 )
             )
