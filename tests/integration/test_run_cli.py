@@ -353,25 +353,10 @@ def test_a_baseline_that_fails_stops_the_run_with_the_reason(ray_address, run_en
     assert trials[0].user_attrs["reason"] == "crash"
 
 
-@pytest.mark.parametrize(
-    ("signum", "rc", "by"), [("SIGINT", 130, "Ctrl-C"), ("SIGTERM", 143, "SIGTERM")]
-)
-def test_ctrl_c_or_sigterm_records_the_running_trial_and_exports(
-    ray_address, run_env, signum, rc, by
-):
-    import signal
-
-    p = started_run(run_env, "--study", "quick", "--budget", "5m", "--address", ray_address)
-    try:
-        # the next trial is running its ranks (after the baseline, which printed its result)
-        assert wait_for(trial_running(run_env["AUTOTUNE_HOME"], STUDY), 60)
-        p.send_signal(getattr(signal, signum))
-        out = p.communicate(timeout=120)[0]
-    finally:
-        p.kill()
-    assert p.returncode == rc, out
-    assert f"Interrupted ({by})" in out
-    home = Path(run_env["AUTOTUNE_HOME"])
+def interrupted_trial_recorded(home: Path, by: str) -> None:
+    """The run's study after a Ctrl-C or SIGTERM (``by``) during a trial: the baseline complete,
+    the running trial recorded FAIL ``interrupted`` naming the signal, none left RUNNING, and
+    the profile of the best so far (the baseline) exported."""
     trials = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{home / 'autotune.db'}").trials
     assert trials[0].state == TrialState.COMPLETE
     assert trials[-1].state == TrialState.FAIL
@@ -379,6 +364,24 @@ def test_ctrl_c_or_sigterm_records_the_running_trial_and_exports(
     assert trials[-1].user_attrs["reason_detail"] == f"{by} during the trial"
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     assert Profile.load(home / "profiles" / f"{STUDY}.yaml").study["baseline_trial"] == 0
+
+
+def test_ctrl_c_records_the_running_trial_and_exports(ray_address, run_env):
+    """Ctrl-C while a trial runs its ranks: exit 130 (SIGTERM at the same moment, exit 143:
+    test_sigterm_phases.py's trial phase, which checks the same record)."""
+    import signal
+
+    p = started_run(run_env, "--study", "quick", "--budget", "5m", "--address", ray_address)
+    try:
+        # the next trial is running its ranks (after the baseline, which printed its result)
+        assert wait_for(trial_running(run_env["AUTOTUNE_HOME"], STUDY), 60)
+        p.send_signal(signal.SIGINT)
+        out = p.communicate(timeout=120)[0]
+    finally:
+        p.kill()
+    assert p.returncode == 130, out
+    assert "Interrupted (Ctrl-C)" in out
+    interrupted_trial_recorded(Path(run_env["AUTOTUNE_HOME"]), "Ctrl-C")
 
 
 def test_a_failing_configuration_is_recorded_and_the_study_goes_on(ray_address, run_env, tmp_path):

@@ -32,7 +32,7 @@ from autotune.profile.profile import Profile
 from tests.conftest import AUTOTUNE, wait_for
 from tests.integration.conftest import trial_running
 from tests.integration.test_local_ray import marked_with
-from tests.integration.test_run_cli import group_of
+from tests.integration.test_run_cli import group_of, interrupted_trial_recorded
 
 pytestmark = pytest.mark.integration
 
@@ -257,8 +257,9 @@ def sigterm_at(
     request,
     again_after_s: float | None = None,
     after_s: float = 0.0,
-) -> None:
-    """Start a run, SIGTERM it at phase ``name`` (``after_s`` later), check how it ended."""
+) -> Run:
+    """Start a run, SIGTERM it at phase ``name`` (``after_s`` later), check how it ended; the
+    ended run, for checks of the phase's own."""
     phase = PHASES[name]
     args = list(phase.args)
     env = dict(run_env)
@@ -285,6 +286,7 @@ def sigterm_at(
     finally:
         run.kill()
         shutil.rmtree(short_tmp, ignore_errors=True)
+    return run
 
 
 def test_sigterm_while_ray_starts_exits_143_and_leaves_nothing(tmp_path, run_env, request):
@@ -297,7 +299,9 @@ def test_sigterm_while_ray_starts_exits_143_and_leaves_nothing(tmp_path, run_env
 def test_sigterm_during_a_trial_exits_143_with_the_profile(tmp_path, run_env, request):
     """H-T02: SIGTERM while a trial runs its ranks: exit 143 with the terminated line, the
     trial recorded interrupted, the best profile so far exported."""
-    sigterm_at("trial", tmp_path, run_env, request)
+    run = sigterm_at("trial", tmp_path, run_env, request)
+    assert "Interrupted (SIGTERM)" in run.output()
+    interrupted_trial_recorded(run.home, "SIGTERM")
 
 
 def test_sigterm_during_the_revalidation_exits_143_with_the_profile(tmp_path, run_env, request):
