@@ -13,7 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import (
     EventAccumulator,
 )
 
-from tests.integration.conftest import BUDGET_S, STUDY, autotune
+from tests.integration.conftest import STUDY, autotune
 
 pytestmark = pytest.mark.integration
 
@@ -25,8 +25,14 @@ def test_a_run_logged_to_tensorboard_records_each_trial_once_and_its_result(ray_
         "run",
         "--study",
         "quick",
+        # four trials and no re-validation: what is logged per trial and at the end, not a
+        # budget's worth of trials
         "--budget",
-        f"{BUDGET_S}s",
+        "3m",
+        "--n-trials",
+        "4",
+        "--validate-top",
+        "0",
         "--address",
         ray_address,
         "--log-to",
@@ -37,7 +43,7 @@ def test_a_run_logged_to_tensorboard_records_each_trial_once_and_its_result(ray_
     assert f"Logging each trial to TensorBoard: {logdir}" in p.stdout
     study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{home}/autotune.db")
     ended = {t.number: t for t in study.get_trials() if t.state.is_finished()}
-    assert ended and 0 in ended, p.stdout  # the baseline at least
+    assert len(ended) == 4 and 0 in ended, p.stdout  # the baseline and three more
     # TensorBoard's reader keeps 10 texts per tag unless told to keep all (0); a run here can
     # end more trials than that, as the --samples_per_plugin text=0 autotune prints says
     acc = EventAccumulator(logdir, size_guidance={TENSORS: 0, SCALARS: 0})
