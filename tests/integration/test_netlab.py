@@ -237,9 +237,16 @@ def test_a_trial_and_the_limit_probe_run_one_rank_per_node_across_the_shaped_lin
     limit = study.user_attrs["limit"]["baseline"]
     assert limit["comm"]["wire_bytes"] == 67_272_768  # 16,818,192 fp32 gradients
     busbw = limit["bounds"]["busbw_gbit_s"]
-    # 2 ranks: the ring moves the whole gradient once each way; never faster than the link,
-    # and within 10 % of what it carries for a plain TCP stream
-    assert busbw <= 1.0 and busbw >= 0.9 * carried, (busbw, carried)
+    # 2 ranks: the ring moves the whole gradient once each way (nccl-tests' busbw: the wire
+    # bytes x 2(n-1)/n over the all-reduce's time), never faster than the link, and near what
+    # it carries for a plain TCP stream: within 25 %, since the other pytest worker's trials
+    # share the CPUs that gloo's copies need (a clean two-worker run read 0.85 of 0.95 Gbit/s);
+    # a ring formula off by its factor of 2 reads 0.5x or 2x
+    comm = limit["comm"]
+    assert busbw == pytest.approx(
+        comm["wire_bytes"] * 2 * (2 - 1) / 2 / comm["comm_s"] * 8e-9, rel=1e-3
+    )
+    assert busbw <= 1.0 and busbw >= 0.75 * carried, (busbw, carried)
     line = next(ln for ln in p.stdout.splitlines() if ln.startswith("Limit      "))
     # "N% of the ideal-overlap bound" or, within the probe's noise of it, "at" it
     assert "communication" in line, line
