@@ -26,6 +26,7 @@ from autotune.core.target import Target
 from autotune.core.values import boolean, int_range, is_int, number_in, one_of
 
 __all__ = [
+    "HALF_HOOKS",
     "KNOBS",
     "SECTIONS",
     "Knob",
@@ -41,6 +42,8 @@ SECTIONS = ("ddp", "batch", "data", "precision", "cpu", "nccl")
 UNSET = "default"
 
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
+#: The comm hooks that cast each bucket to a 2-byte dtype before its all-reduce and back after.
+HALF_HOOKS = ("fp16", "bf16")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 NCCL_ALGOS = ("Ring", "Tree", "CollnetDirect", "CollnetChain", "NVLS", "NVLSTree", "PAT")
 NCCL_PROTOS = ("LL", "LL128", "Simple")

@@ -50,6 +50,7 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from autotune.core.knobs import HALF_HOOKS
 from autotune.core.values import nbytes, number, seconds
 
 __all__ = [
@@ -320,7 +321,7 @@ class Evidence:
 
         Other moves (bucket sizes, unmodelled knobs) leave the step as measured."""
         ev = self
-        if ev.world_size > 1 and moves.get("comm_hook") in ("fp16", "bf16"):
+        if ev.world_size > 1 and moves.get("comm_hook") in HALF_HOOKS:
             saved = min(ev.exposed_s, ev.bandwidth_s / 2)
             ev = replace(
                 ev,
@@ -349,7 +350,7 @@ def expected_gain(moves: dict[str, Any], ev: Evidence) -> float | None:
     """The optimistic speedup of a screening prior's ``moves`` over the defaults, from the
     first measurement ``ev``; None where no model applies (module doc)."""
     if "comm_hook" in moves:
-        return ev.compressed() if moves["comm_hook"] in ("fp16", "bf16") else None
+        return ev.compressed() if moves["comm_hook"] in HALF_HOOKS else None
     if "precision" in moves:
         return ev.faster_compute() if moves["precision"] in ("bf16", "fp16", "tf32") else None
     if "num_workers" in moves:

@@ -35,6 +35,7 @@ from dataclasses import replace
 from typing import Any
 
 from autotune.core.config import MeasureSettings
+from autotune.core.knobs import HALF_HOOKS
 from autotune.rank.session import PHASES, Session
 
 __all__ = ["PROBE_WARMUP_STEPS", "PROFILED_STEPS", "probe", "probe_warmup"]
@@ -53,8 +54,6 @@ PROBE_WARMUP_STEPS = 4
 #: Message sizes (bytes) of the alpha-beta fit: a latency-sized message, a middling one and a
 #: bucket-sized one (capped at the gradients' bytes, at least two distinct sizes).
 FIT_BYTES = (1 << 10, 1 << 17, 1 << 22)
-#: Comm hooks that all-reduce their buckets in a 2-byte dtype.
-HALF_HOOKS = ("fp16", "bf16")
 
 
 Phases = list[dict[str, float]]

@@ -5,9 +5,9 @@ of a few message sizes, timed, for the alpha-beta fit of the first measurement i
 ``sweep`` runs in one process per rank on the trial's placement
 (``autotune.script.first_measurement`` starts them as Ray tasks in the script's bundles): it
 joins a process group of its own (a TCP store on the first node's address, the study's
-backend), all-reduces each size once
-unmeasured and then ``repeats`` times, and returns each size's median over the repeats, the
-slowest rank's (every rank returns the same). Nothing of the user's job runs here.
+backend), all-reduces each size once unmeasured and then ``repeats`` times, and returns each
+size's median over the repeats, the slowest rank's (every rank returns the same). Nothing of
+the user's job runs here.
 """
 
 from __future__ import annotations

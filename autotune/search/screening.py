@@ -57,6 +57,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.core.events import ScreeningDone
+from autotune.core.knobs import HALF_HOOKS
 from autotune.core.target import Target
 from autotune.definition.distributions import contains
 from autotune.definition.space import ResolvedSpace
@@ -67,7 +68,7 @@ from autotune.record.study import anchors, enqueue_anchor, throughput
 from autotune.record.typed import write
 
 __all__ = ["HELPS", "PRIORS", "Planned", "Prior", "Screening", "applicable", "plan", "ruled_out"]
-__all__ += ["COMPRESSING", "LEVER", "gain", "on_top", "smaller_buckets_first", "verdict"]
+__all__ += ["LEVER", "gain", "on_top", "smaller_buckets_first", "verdict"]
 
 #: The ``anchor`` attribute of the run of the defaults that closes the screening.
 AGAIN = "after screening"
@@ -231,7 +232,7 @@ def on_top(
     alternatives (priors that move one of its knobs) alone, as ``plan`` had them."""
     after = None if evidence is None else evidence.after(lever.moves)
     planned = plan(space, after)[0]
-    if after is not None and lever.moves.get("comm_hook") in COMPRESSING:
+    if after is not None and lever.moves.get("comm_hook") in HALF_HOOKS:
         planned = smaller_buckets_first(space, planned)
     partners = []
     for t in planned:
@@ -246,10 +247,6 @@ def on_top(
         if t.prior.label not in done and set(t.prior.moves) & set(lever.moves)
     ]
     return partners + alternatives
-
-
-#: The hooks that compress each bucket: a cast before its all-reduce, a copy back after it.
-COMPRESSING = ("fp16", "bf16")
 
 
 def smaller_buckets_first(space: ResolvedSpace, planned: list[Planned]) -> list[Planned]:
