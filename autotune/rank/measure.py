@@ -109,7 +109,7 @@ def _run_rank(spec: RankSpec, store: Any) -> RankResult:
                     "hopeless",
                     float(torch.stack(last_losses).mean()),
                     None,
-                    setup_s=warmup_started - started,
+                    setup_s=time.perf_counter() - started,  # as below: warm-up included
                     warmup_s=time.perf_counter() - warmup_started,
                     warmup_steps=len(step_times),
                     measure_s=0.0,

@@ -136,6 +136,8 @@ def test_a_trial_clearly_below_the_incumbent_is_pruned_with_its_partial_numbers(
     assert res.pruned and res.ranks[0].stop == "hopeless"
     assert (res.ranks[0].warmup_steps, len(res.windows), res.ranks[0].measure_s) == (6, 3, 0.0)
     assert res.interval.high < out_of_reach.low
+    # its set-up covers its warm-up, as a measured trial's does: what came before is not < 0
+    assert all(r.setup_s >= r.warmup_s > 0 for r in res.ranks) and res.init_s >= 0
     # an incumbent within reach never prunes ("within reach" allows for this shared machine's
     # run-to-run noise: the same configuration measured 418-617 samples/s within minutes)
     near = Interval(
