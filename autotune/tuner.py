@@ -23,7 +23,6 @@ Everything the run has to say goes out as events (``autotune.core.events``) to `
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import signal
 from collections.abc import Callable
@@ -34,7 +33,7 @@ from typing import Any
 import optuna
 
 from autotune.core.compat import ray_off_main_thread_quiet
-from autotune.core.compiling import NOT_PROBED
+from autotune.core.config import TrialConfig
 from autotune.core.errors import (
     BaselineFailed,
     ClusterLost,
@@ -55,6 +54,7 @@ from autotune.definition.studydef import StudyDefinition
 from autotune.launch.address import resolve as resolve_address
 from autotune.launch.cluster import RankPlan, RayConnection, connect, plan_ranks
 from autotune.launch.failures import first_line
+from autotune.launch.hardware import assumed, target_of
 from autotune.launch.launcher import PLACEMENT_TIMEOUT_S, TrialRunner
 from autotune.launch.measurer import Measurer, RayMeasurer
 from autotune.limit.probe import measure_limit
@@ -466,29 +466,32 @@ def _place(
     plan = plan_ranks(world, backend, d.placement, d.concurrent_trials)
     runners = _runners(d, plan, world, backend)
     try:  # the placement groups are the caller's only once this returns
-        hw = runners[0].probe()
+        # The probe asks rank 0's process the baseline will run in: started with the defaults'
+        # environment on the hardware the plan assumes (``hardware.assumed``). A script's
+        # trials start their own processes, so its probe is a task of its own.
+        def target(hw: dict[str, Any]) -> Target:
+            return target_of(
+                hw,
+                backend=backend,
+                world_size=world,
+                global_batch=workload.global_batch,
+                cpus_per_rank=plan.cpus_per_rank,
+                free_batch=d.free_batch,
+            )
+
+        nodes = runners[0].nodes_spanned()
+        expected = target(
+            assumed(backend, world_size=world, node_count=nodes, cpus_per_rank=plan.cpus_per_rank)
+        )
+        env = None if isinstance(workload, ScriptJob) else TrialConfig.defaults(expected).env
+        hw = runners[0].probe(env)
         if "error" in hw:
             raise ConfigError(f"--backend {backend}: {hw['error']}; use --backend gloo")
-        ranks_per_node = math.ceil(world / hw["node_count"])
-        target = Target(
-            backend=backend,
-            device=hw["device"],
-            world_size=world,
-            global_batch=workload.global_batch,
-            # the CPUs the rank's bundle reserves, never more than its machine has
-            cpus_per_rank=max(1, min(plan.cpus_per_rank, hw["cpus"] // ranks_per_node)),
-            bf16=hw["bf16"],
-            bf16_native=bool(hw.get("bf16_native")),
-            tf32=hw["tf32"],
-            free_batch=d.free_batch,
-            ranks_per_node=ranks_per_node,
-            compile_problem=hw.get("compile_problem", NOT_PROBED),
-        )
     except BaseException:
         for r in runners:
             r.close()
         raise
-    return target, runners, hw, plan
+    return target(hw), runners, hw, plan
 
 
 def _runners(d: StudyDefinition, plan: RankPlan, world: int, backend: str) -> list[TrialRunner]:

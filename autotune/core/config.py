@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from autotune.core import allocator
 from autotune.core.compiling import NONE
 from autotune.core.errors import ConfigError
-from autotune.core.knobs import KNOBS, UNSET
+from autotune.core.knobs import KNOBS, UNSET, defaults
 from autotune.core.target import Target
 from autotune.core.validate import FILE_FIX, check_config
 
@@ -57,6 +57,11 @@ class TrialConfig:
     """micro_batch x accumulation_steps x world size."""
     threads: int = 1
     """torch intra-op threads per rank."""
+
+    @classmethod
+    def defaults(cls, target: Target) -> TrialConfig:
+        """Every knob at its default on ``target``: the baseline's configuration."""
+        return cls.from_values(defaults(target), target)
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any], target: Target) -> TrialConfig:

@@ -31,6 +31,7 @@ __all__ = [
     "SECTIONS",
     "Knob",
     "changed_knobs",
+    "defaults",
     "illegal_combination",
     "knob",
 ]
@@ -357,6 +358,12 @@ def changed_knobs(
     fixed = {k: kn.default for k, kn in KNOBS.items() if not callable(kn.default)}
     ref = {**fixed, **(reference or {})}
     return {k: v for k, v in params.items() if k not in ref or ref[k] != v}
+
+
+def defaults(target: Target) -> dict[str, Any]:
+    """Every knob at its default on ``target``: PyTorch's, NCCL's and torchrun's, the
+    baseline's full assignment."""
+    return {name: k.default_for(target) for name, k in KNOBS.items()}
 
 
 def illegal_combination(values: Mapping[str, Any], target: Target) -> str | None:

@@ -34,7 +34,7 @@ from optuna.distributions import (
 
 from autotune.core import safe_yaml as _yaml
 from autotune.core.errors import ConfigError
-from autotune.core.knobs import KNOBS, SECTIONS, illegal_combination
+from autotune.core.knobs import KNOBS, SECTIONS, defaults, illegal_combination
 from autotune.core.target import Target
 from autotune.definition.distributions import (
     contains,
@@ -260,7 +260,7 @@ class ResolvedSpace:
 
     def defaults(self) -> dict[str, Any]:
         """Every knob at its default: the baseline's full assignment."""
-        return {name: k.default_for(self.target) for name, k in KNOBS.items()}
+        return defaults(self.target)
 
     def active(self, values: Mapping[str, Any]) -> list[str]:
         """The dimensions suggested for ``values`` (a knob whose parent's value rules it out

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from typing import Any
 
 from autotune.core import compiling
+from autotune.core.target import Target
 from autotune.core.values import shown
 
-__all__ = ["describe", "differences", "nvlink_active"]
+__all__ = ["assumed", "describe", "differences", "nvlink_active", "target_of"]
 
 #: The ``hardware`` keys that a profile's measurements depend on.
 COMPARED = ("device", "device_name", "device_count", "torch", "cuda", "nccl", "bf16_native")
@@ -60,6 +62,50 @@ def describe(backend: str) -> dict[str, Any]:
     # study's target leaves the compile knob out with it (core.compiling).
     info["compile_problem"] = compiling.problem(info["device"])
     return info
+
+
+def target_of(
+    hw: dict[str, Any],
+    *,
+    backend: str,
+    world_size: int,
+    global_batch: int,
+    cpus_per_rank: int,
+    free_batch: bool,
+) -> Target:
+    """What a search space is resolved against, from the hardware ``hw`` seen from rank 0
+    (``describe``, with the ``node_count`` the ranks span); ``cpus_per_rank``: what each
+    rank's bundle reserves, capped here by the CPUs its node has."""
+    ranks_per_node = math.ceil(world_size / hw["node_count"])
+    return Target(
+        backend=backend,
+        device=hw["device"],
+        world_size=world_size,
+        global_batch=global_batch,
+        cpus_per_rank=max(1, min(cpus_per_rank, hw["cpus"] // ranks_per_node)),
+        bf16=bool(hw.get("bf16")),
+        bf16_native=bool(hw.get("bf16_native")),
+        tf32=bool(hw.get("tf32")),
+        free_batch=free_batch,
+        ranks_per_node=ranks_per_node,
+        compile_problem=hw.get("compile_problem", compiling.NOT_PROBED),
+    )
+
+
+def assumed(
+    backend: str, *, world_size: int, node_count: int, cpus_per_rank: int
+) -> dict[str, Any]:
+    """The hardware a run assumes before its probe: the backend's device, on ``node_count``
+    nodes with the CPUs its ranks' bundles reserve (``cpus_per_rank`` each), nothing else known
+    (no bf16, no TF32, compile unprobed). The defaults' environment on it is what the probe's
+    rank processes start with (``launcher.TrialRunner.probe``): it depends on the hardware
+    through the CPUs per rank only, which the probe then confirms unless a node has fewer."""
+    cpus = cpus_per_rank * math.ceil(world_size / node_count)
+    return {
+        "device": "cuda" if backend == "nccl" else "cpu",
+        "node_count": node_count,
+        "cpus": cpus,
+    }
 
 
 #: /proc/cpuinfo flags of CPUs whose instruction set has bf16 dot products (AVX512-BF16,

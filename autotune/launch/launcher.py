@@ -27,7 +27,13 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from autotune.core.config import MeasureSettings, TrialConfig
-from autotune.core.errors import ClusterLost, ConfigError, FailureReason, TrialFailed
+from autotune.core.errors import (
+    AutotuneError,
+    ClusterLost,
+    ConfigError,
+    FailureReason,
+    TrialFailed,
+)
 from autotune.core.rank_io import RankResult, RankSpec
 from autotune.core.results import TrialResult
 from autotune.core.stats import Interval
@@ -43,6 +49,8 @@ T = TypeVar("T")
 
 #: How long a placement group may take to be placed before the run gives up.
 PLACEMENT_TIMEOUT_S = 60.0
+#: How long the hardware probe's rank processes may take to start and answer.
+PROBE_TIMEOUT_S = 120.0
 #: After a rank fails, how long to wait for the others to say whether their node died.
 ROOT_CAUSE_WAIT_S = 3.0
 #: How long the cluster may take to report a trial's node dead once its ranks say that a peer
@@ -229,20 +237,35 @@ class TrialRunner:
         placed = placement_group_table(self.pg).get("bundles_to_node_id", {})
         return {i: placed[i] for i in range(self.bundles) if i in placed}
 
-    def probe(self) -> dict[str, Any]:
-        """The hardware seen from rank 0's bundle, plus the number of nodes the ranks span."""
+    def nodes_spanned(self) -> int:
+        """How many nodes the ranks' bundles are placed on."""
+        return len(set(self._bundle_nodes().values())) or 1
+
+    def probe(self, env: dict[str, str] | None = None) -> dict[str, Any]:
+        """The hardware seen from rank 0's bundle, plus the number of nodes the ranks span
+        (``node_count``). With ``env``, the environment the first trial is expected to run
+        with, it is asked of rank 0's process in rank actors started for it, which that trial
+        then runs in (``pool.RankPool.describe``); without, of a task of its own."""
         import ray
 
-        self.pool.drop()  # pooled actors hold the bundles' CPUs: the probe would never start
-        info = ray.get(
-            self._probe_fn.options(
-                num_cpus=self.cpus_per_rank,
-                num_gpus=self.gpus_per_rank,
-                scheduling_strategy=self._strategy(0),
-            ).remote(self.backend)
-        )
-        info["node_count"] = len(set(self._bundle_nodes().values())) or 1
-        return info
+        if env is not None:
+            try:
+                info = self.pool.describe(env, self.backend, time.monotonic() + PROBE_TIMEOUT_S)
+            except TrialFailed as e:
+                raise AutotuneError(
+                    f"the hardware probe: rank 0's process did not answer ({e}); "
+                    "`ray status` shows whether its node is alive"
+                ) from None
+        else:
+            self.pool.drop()  # pooled actors hold the bundles' CPUs: the task would never start
+            info = ray.get(
+                self._probe_fn.options(
+                    num_cpus=self.cpus_per_rank,
+                    num_gpus=self.gpus_per_rank,
+                    scheduling_strategy=self._strategy(0),
+                ).remote(self.backend)
+            )
+        return {**info, "node_count": self.nodes_spanned()}
 
     def run(
         self,

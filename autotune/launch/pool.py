@@ -31,6 +31,7 @@ from autotune.core import allocator
 from autotune.core.errors import FailureReason, TrialFailed
 from autotune.core.rank_io import RankResult, RankSpec
 from autotune.launch.failures import classify
+from autotune.launch.hardware import describe
 from autotune.rank.measure import run_rank
 from autotune.rank.session import listening_store
 
@@ -91,6 +92,10 @@ class RankActor:
         self._store = listening_store(ip)
         return ip, self._store.port
 
+    def describe(self, backend: str) -> dict[str, Any]:
+        """The hardware this rank's process sees (``hardware.describe``)."""
+        return describe(backend)
+
     def run(self, spec: RankSpec) -> RankResult:
         self.trials += 1
         store, self._store = self._store, None  # each store serves one process group
@@ -109,7 +114,10 @@ class RankPool:
 
     ``ready(env, deadline)`` makes ``actors`` the next trial's ranks: the pool when it was
     started with ``env`` and every actor answers at once, else fresh actors; it returns rank
-    0's address for the trial's process group (a new port every trial). ``drop()`` kills them
+    0's address for the trial's process group (a new port every trial). ``describe`` asks rank
+    0's process what hardware it sees, in a pool started (or kept) for an environment: the run's
+    hardware probe, whose processes the first trial with that environment then runs in, without
+    starting processes and importing torch twice. ``drop()`` kills them
     (their processes and DataLoader workers go with them). ``fresh`` asks for new processes
     whatever the pool holds; ``pin=False`` for processes that never pin glibc's allocator
     (the job as it runs today): a pool is reused only for the same environment and pin, since
@@ -133,16 +141,40 @@ class RankPool:
         # node's own environment says.
         self._listen_env = LOOPBACK_ENV if ipaddress.ip_address(node_ip()).is_loopback else {}
 
+    def describe(self, env: dict[str, str], backend: str, deadline: float) -> dict[str, Any]:
+        """The hardware seen by rank 0's process (``hardware.describe``), in rank actors for
+        process environment ``env`` (``ready``), which stay for the next trial."""
+        import ray
+        import ray.exceptions as rex
+
+        self.ready(env, deadline, serve=False)
+        try:
+            return ray.get(
+                self.actors[0].describe.remote(backend),
+                timeout=max(deadline - time.monotonic(), 1.0),
+            )
+        except rex.GetTimeoutError:
+            raise TrialFailed(FailureReason.TIMEOUT, "rank 0 did not answer in time") from None
+        except rex.RayError as e:
+            raise classify(0, e) from None
+
     def ready(
-        self, env: dict[str, str], deadline: float, *, fresh: bool = False, pin: bool = True
+        self,
+        env: dict[str, str],
+        deadline: float,
+        *,
+        fresh: bool = False,
+        pin: bool = True,
+        serve: bool = True,
     ) -> tuple[str, int]:
         """Rank actors for a trial with process environment ``env`` (``fresh`` and ``pin``:
-        the class doc); rank 0's address."""
+        the class doc); rank 0's address, where its store listens from now on unless
+        ``serve`` is False (no process group follows)."""
         import ray
         import ray.exceptions as rex
 
         if self.actors and self._env == env and self._pin == pin and not fresh:
-            pings = [a.address.remote(serve=i == 0) for i, a in enumerate(self.actors)]
+            pings = [a.address.remote(serve=serve and i == 0) for i, a in enumerate(self.actors)]
             until = time.monotonic() + POOL_CHECK_TIMEOUT_S
             answers: list[tuple[str, int]] = []
             try:
@@ -171,7 +203,7 @@ class RankPool:
         self._env, self._pin = dict(env), pin
         try:
             left = max(deadline - time.monotonic(), 1.0)  # the trial's deadline holds
-            return ray.get(self.actors[0].address.remote(serve=True), timeout=left)
+            return ray.get(self.actors[0].address.remote(serve=serve), timeout=left)
         except rex.GetTimeoutError:
             raise TrialFailed(
                 FailureReason.TIMEOUT, f"rank processes did not start in {left:.0f}s"

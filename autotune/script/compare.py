@@ -207,7 +207,6 @@ def as_is_config(global_batch: int, world_size: int, backend: str) -> Any:
     """PyTorch's defaults at ``global_batch`` (no accumulation), with no environment: what
     ``asis`` runs give a script that loads its profile."""
     from autotune.core.config import TrialConfig
-    from autotune.core.knobs import KNOBS
     from autotune.core.target import Target
 
     target = Target(
@@ -218,8 +217,7 @@ def as_is_config(global_batch: int, world_size: int, backend: str) -> Any:
         cpus_per_rank=max(1, (os.cpu_count() or 1) // world_size),
         ranks_per_node=world_size,
     )
-    values = {name: k.default_for(target) for name, k in KNOBS.items()}
-    return replace(TrialConfig.from_values(values, target), env={})
+    return replace(TrialConfig.defaults(target), env={})
 
 
 def _global_batch(given: int | None, profiles: dict[str, Any]) -> int:

@@ -33,6 +33,20 @@ def test_probe_sees_the_cpu_from_inside_the_ranks_bundle(runner):
     assert hw["torch"].startswith("2.")
 
 
+def test_the_probe_asked_of_rank_0_leaves_its_processes_to_the_first_trial(runner):
+    alone = runner.probe()  # in a task of its own: no rank process is left
+    assert runner.pool.actors == []
+    cfg = config()
+    in_rank_0 = runner.probe(cfg.env)
+    assert in_rank_0 == alone  # the same hardware, seen from the same bundle
+    probed = list(runner.pool.actors)
+    assert len(probed) == 2
+    res = run(runner, cfg)
+    # the trial ran in the probe's processes, the first trial there: nothing started twice
+    assert runner.pool.actors == probed
+    assert [(r.process_trials, r.reused) for r in res.ranks] == [(1, False), (1, False)]
+
+
 def test_baseline_trial_runs_two_real_ranks_with_pytorch_defaults(runner):
     res = run(runner, config())
     assert [r.rank for r in res.ranks] == [0, 1]

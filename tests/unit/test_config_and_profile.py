@@ -48,6 +48,54 @@ def test_the_thread_default_is_torchruns_for_the_ranks_a_node_holds():
         assert r.baseline_params()["threads"] == int(threads)
 
 
+@pytest.mark.parametrize(
+    ("backend", "world", "nodes", "cpus_per_rank", "node_cpus"),
+    [
+        ("gloo", 2, 1, 1, 2),  # the local 2-core machine
+        ("gloo", 2, 2, 1, 1),  # the network lab: one rank on each 1-CPU node
+        ("gloo", 4, 2, 3, 8),  # spread over two 8-core nodes, 2 ranks each
+        ("gloo", 2, 2, 7, 8),  # one rank per 8-core node: it gets its bundle's 7 threads
+        ("nccl", 8, 1, 12, 96),
+        ("nccl", 2, 2, 16, 64),
+    ],
+)
+def test_the_probes_processes_start_with_the_environment_the_baseline_has(
+    backend, world, nodes, cpus_per_rank, node_cpus
+):
+    """The hardware probe runs in rank processes started with the defaults' environment on the
+    hardware the plan assumes; the baseline, on the hardware the probe then sees, must ask for
+    the same environment, or it starts its processes again."""
+    from autotune.launch.hardware import assumed, target_of
+
+    def defaults_env(hw):
+        t = target_of(
+            hw,
+            backend=backend,
+            world_size=world,
+            global_batch=64 * world,
+            cpus_per_rank=cpus_per_rank,
+            free_batch=False,
+        )
+        return TrialConfig.defaults(t).env
+
+    before = assumed(backend, world_size=world, node_count=nodes, cpus_per_rank=cpus_per_rank)
+    seen = {
+        "device": "cuda" if backend == "nccl" else "cpu",
+        "node_count": nodes,
+        "cpus": node_cpus,
+        "bf16": True,
+        "bf16_native": backend == "nccl",
+        "tf32": backend == "nccl",
+        "compile_problem": None,
+    }
+    assert defaults_env(before) == defaults_env(seen)
+    # a node with fewer CPUs than the plan reserved changes the one ranks alone on a node get:
+    # that baseline starts its own processes (the pool's rule), and runs as it always did
+    if world == nodes and cpus_per_rank > 1:
+        fewer = defaults_env({**seen, "cpus": 1})
+        assert fewer != defaults_env(before) and fewer["OMP_NUM_THREADS"] == "1"
+
+
 def test_each_value_lands_where_it_acts():
     c = TrialConfig.from_values(
         values(
