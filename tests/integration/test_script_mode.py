@@ -74,6 +74,17 @@ def test_the_readme_script_is_tuned_and_then_trains_with_its_profile(run_env, tm
     base = study.trials[0].user_attrs
     assert base["throughput"] > 0 and len(base["windows"]) >= 2 and base["loss"] > 0
     assert all(t.user_attrs["config"]["global_batch"] == 128 for t in measured)
+    # the first measurement, from the script's own steps timed by wrap(): DDP's gradients are
+    # the model's 394,753 fp32 parameters, the link fitted at several sizes, and the phases fit
+    # in the measured step; the screening was ordered by it
+    first = study.user_attrs["first_measurement"]["probe"]
+    assert first["source"] == "script" and first["trial"] == 0
+    assert first["comm"]["wire_bytes"] == 4 * 394_753 and first["comm"]["buckets"] >= 1
+    assert len(set(first["comm"]["fit_bytes"])) >= 2 and min(first["comm"]["fit_s"]) > 0
+    ddp = first["ddp"]
+    phases = ddp["forward"] + ddp["backward"] + ddp["optimizer"] + ddp["data"]
+    assert 0 < ddp["forward"] < ddp["step"] and phases == pytest.approx(ddp["step"], rel=0.01)
+    assert "Screening order from the first measurement:" in p.stdout
     profile = tmp_path / "home" / "profiles" / f"{name}.yaml"
     assert yaml.safe_load(profile.read_text())["batch"]["global_batch"] == 128
     # no process of the script outlives the run
