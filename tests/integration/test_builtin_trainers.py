@@ -22,7 +22,8 @@ def test_builtin_trainer_tunes_end_to_end(trainer, ray_address, run_env, tmp_pat
     options = [arg for opt in SMALL[trainer] for arg in ("--trainer-option", opt)]
     # --trainer replaces the quick study's MLP, and its options with these
     # A trial count, not a short budget, decides how many trials run: on a loaded machine a
-    # 25-second budget held the baseline alone.
+    # 25-second budget held the baseline alone. --no-limit: the trials are what is checked
+    # here, not the limit probe (test_limit.py, test_run_cli.py)
     p = autotune(
         run_env,
         "run",
@@ -37,6 +38,7 @@ def test_builtin_trainer_tunes_end_to_end(trainer, ray_address, run_env, tmp_pat
         "3",
         "--validate-top",
         "0",
+        "--no-limit",
         "--address",
         ray_address,
     )

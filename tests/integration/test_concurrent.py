@@ -44,6 +44,7 @@ def test_two_trials_run_at_once_after_the_baseline(four_cpus, run_env):
             "2",
             "--validate-top",
             "0",
+            "--no-limit",  # trials at once are checked, not the limit probe
             "--quiet",
         ),
         env=env,

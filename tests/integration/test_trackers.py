@@ -25,14 +25,15 @@ def test_a_run_logged_to_tensorboard_records_each_trial_once_and_its_result(ray_
         "run",
         "--study",
         "quick",
-        # four trials and no re-validation: what is logged per trial and at the end, not a
-        # budget's worth of trials
+        # four trials, no re-validation, no limit probe: what is logged per trial and at the
+        # end, not a budget's worth of trials
         "--budget",
         "3m",
         "--n-trials",
         "4",
         "--validate-top",
         "0",
+        "--no-limit",
         "--address",
         ray_address,
         "--log-to",
