@@ -374,6 +374,7 @@ def test_the_numerics_guard_fails_a_script_trial_whose_loss_drifts(run_env, tmp_
         "5m",
         "--validate-top",
         "0",
+        "--no-limit",  # the guard is checked here; a script's first measurement, in the README test
         "--global-batch",
         "128",
         "--",
