@@ -470,6 +470,7 @@ def test_kill_9_then_the_same_command_resumes_the_study(ray_address, run_env, tm
         "autotune_test_trainers:tiny",
         "--trainer-option",
         f"pid_dir={pid_dir}",
+        "--no-limit",  # what kill -9 leaves and the resume closes, not the limit, is checked
         "--address",
         ray_address,
     )
