@@ -131,6 +131,13 @@ def test_a_torchrun_script_spans_both_nodes_and_compare_runs_it_there(lab2, job,
     base = study.trials[0]
     assert base.state == TrialState.COMPLETE, base.user_attrs
     assert study.user_attrs["autotune"]["hardware"]["node_count"] == 2
+    # the first measurement: the script's own gradients (1,641,473 fp32 parameters), and the
+    # link fitted by autotune's ranks across the shaped link, not loopback: the largest
+    # message's all-reduce took at least what 1 Gbit/s allows (2 ranks: each sends it once)
+    first = study.user_attrs["first_measurement"]["probe"]
+    assert first["source"] == "script" and first["comm"]["wire_bytes"] == 4 * 1_641_473
+    size, seconds = max(zip(first["comm"]["fit_bytes"], first["comm"]["fit_s"], strict=True))
+    assert size >= 1 << 20 and seconds >= 0.8 * size * 8 / 1e9, (size, seconds)
     # every step's gradients crossed the link: 6.3 MB per all-reduce, many steps
     assert sent_bytes("atlab-1") - before > 100e6
     # both nodes' output is under the baseline's log directory on the driver's side: node 1
