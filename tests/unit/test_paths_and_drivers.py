@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from autotune.core.errors import ConfigError
 from autotune.definition.paths import check_study_name, check_writable, file_stem
 from autotune.record.study import DRIVER, driver_alive, driver_identity
+from tests.conftest import wait_for
 
 
 @pytest.mark.parametrize("name", ["../../x", "a/b", ".hidden", "x\0y", "", "a" * 129, "a..b"])
@@ -181,10 +181,13 @@ def test_a_running_trial_without_a_driver_is_closed_once_a_grace_period_old(tmp_
     assert trials[3].user_attrs["reason_detail"] == f"its driver ({gone}) stopped during the trial"
 
 
-#: Opens the storage at argv[1] once the file argv[2] appears (both openers then start together).
+#: Opens the storage at argv[1] once the file argv[2] appears (both openers then start
+#: together), having imported what opening needs and said so by creating the file argv[3].
 _OPENER = """
 import os, sys, time
+import optuna, sqlalchemy
 from autotune.record.storage import open_storage
+open(sys.argv[3], "w").close()
 while not os.path.exists(sys.argv[2]):
     time.sleep(0.001)
 open_storage(sys.argv[1])
@@ -198,15 +201,24 @@ def test_two_processes_opening_one_new_database_at_once_both_open_it(tmp_path):
     import sys
 
     go = tmp_path / "go"
+    ready = [tmp_path / f"ready-{i}" for i in range(24)]
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _OPENER, f"sqlite:///{tmp_path / f'race-{i // 2}.db'}", str(go)],
+            [
+                sys.executable,
+                "-c",
+                _OPENER,
+                f"sqlite:///{tmp_path / f'race-{i // 2}.db'}",
+                str(go),
+                str(ready[i]),
+            ],
             stderr=subprocess.PIPE,
             text=True,
         )
         for i in range(24)
     ]
-    time.sleep(8)  # every opener imported and waiting (24 imports on 2 cores)
+    # every opener imported and waiting (24 imports on 2 cores), however long that takes
+    assert wait_for(lambda: all(r.exists() for r in ready), 120)
     go.touch()
     failures = []
     for p in procs:
