@@ -101,6 +101,7 @@ def _run_rank(spec: RankSpec, store: Any) -> RankResult:
                 raise NonFiniteLoss(f"loss is {float(last)} after {len(step_times)} warm-up steps")
             rates = [s.samples_per_step / x for x in step_times]
             if prune_rule.hopeless(rates, incumbent) is not None:  # the same on every rank
+                ended = time.perf_counter()  # set-up includes warm-up, as a measured trial's
                 return _result(
                     s,
                     rates[-HOPELESS_LAST:],
@@ -109,8 +110,8 @@ def _run_rank(spec: RankSpec, store: Any) -> RankResult:
                     "hopeless",
                     float(torch.stack(last_losses).mean()),
                     None,
-                    setup_s=time.perf_counter() - started,  # as below: warm-up included
-                    warmup_s=time.perf_counter() - warmup_started,
+                    setup_s=ended - started,
+                    warmup_s=ended - warmup_started,
                     warmup_steps=len(step_times),
                     measure_s=0.0,
                 )
