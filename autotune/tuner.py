@@ -38,6 +38,7 @@ from autotune.core.errors import (
     BaselineFailed,
     ClusterLost,
     ConfigError,
+    InterruptedAgain,
     Kept,
     Terminated,
     interrupted_by,
@@ -344,6 +345,8 @@ def _search_and_conclude(
                     device=target.device,
                     unsearched=unsearched,
                 )
+    except InterruptedAgain:
+        raise  # Ctrl-C twice: exit at once, nothing more exported
     except KeyboardInterrupt as e:
         _interrupted(summary, e, emit)
         search.record_stop("interrupted", f"interrupted ({interrupted_by(e)})")

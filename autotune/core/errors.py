@@ -130,6 +130,11 @@ class Terminated(KeyboardInterrupt):
     received = False
 
 
+class InterruptedAgain(KeyboardInterrupt):
+    """A second Ctrl-C or SIGTERM that arrived while the first one was still stopping the
+    running trials: the run exits at once, as a second one does at any later point."""
+
+
 def _received() -> bool:
     """Record a SIGTERM; whether one was recorded before. Also cancels the alarm that Ray's
     failure signal handler (absl's, installed by Ray's core worker, which passes the SIGTERM

@@ -44,7 +44,9 @@ import contextlib
 import math
 import os
 import re
+import shutil
 import signal
+import stat
 import statistics
 import subprocess
 import sys
@@ -258,7 +260,7 @@ class Launch:
         env: Mapping[str, str] | None,
     ) -> None:
         self.started = time.monotonic()
-        self._tmp = tempfile.TemporaryDirectory(prefix="autotune-script-")
+        self._tmp = _trial_dir()
         self._ended = False
         work = Path(self._tmp.name)
         try:
@@ -311,6 +313,38 @@ class Launch:
             self.end()
         finally:
             self._tmp.cleanup()
+
+
+#: A trial's directory is ``<temp>/autotune-script-<pid>-<random>``: the pid of the process that
+#: removes it when the trial ends, so that one killed first (a driver killed with -9, a node's
+#: worker killed mid-trial) leaves a directory the next trial on that machine can tell is orphaned.
+TRIAL_DIR_PREFIX = "autotune-script-"
+
+
+def _trial_dir() -> tempfile.TemporaryDirectory[str]:
+    """A new trial directory named for this process, after removing the orphaned ones."""
+    remove_orphans(Path(tempfile.gettempdir()))
+    return tempfile.TemporaryDirectory(prefix=f"{TRIAL_DIR_PREFIX}{os.getpid()}-")
+
+
+def remove_orphans(parent: Path) -> list[Path]:
+    """Remove the trial directories under ``parent`` that this user owns and whose process is
+    gone; return them. A link, another user's directory, a name without a pid and a live
+    process's directory are left alone (``shutil.rmtree`` does not follow links inside)."""
+    removed = []
+    uid = os.getuid()
+    for path in parent.glob(f"{TRIAL_DIR_PREFIX}*-*"):
+        pid = path.name[len(TRIAL_DIR_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit() or not script_guard.gone(int(pid)):
+            continue
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if st.st_uid == uid and stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def open_log(path: Path) -> IO[bytes]:

@@ -300,12 +300,12 @@ def _keep(front: int, cmd: list[str], remove: str | None = None, driver: int = 0
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         end_all(group if isinstance(group, Group) else None)
-        if _gone(driver):
+        if gone(driver):
             _remove(remove)
     return _status(code)
 
 
-def _gone(pid: int) -> bool:
+def gone(pid: int) -> bool:
     """Whether no process ``pid`` runs (a reused pid reads as running: nothing is removed)."""
     try:
         os.kill(pid, 0)

@@ -43,7 +43,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from autotune.core.errors import FailureReason, TrialFailed, interrupted_by
+from autotune.core.errors import FailureReason, InterruptedAgain, TrialFailed, interrupted_by
 from autotune.core.events import BudgetStarted, Emit, Note
 from autotune.definition.space import ResolvedSpace
 from autotune.definition.studydef import StudyDefinition
@@ -474,8 +474,11 @@ class Search:
             self._stop.set()
             self.measure.abort()
             deadline = time.monotonic() + ABORT_WAIT_S
-            for finished in done:
-                finished.wait(timeout=max(deadline - time.monotonic(), 0.0))
+            try:
+                for finished in done:
+                    finished.wait(timeout=max(deadline - time.monotonic(), 0.0))
+            except KeyboardInterrupt as again:  # pressed twice: not the first, handled again
+                raise InterruptedAgain() from again
             raise
         if errors:
             raise errors[0]

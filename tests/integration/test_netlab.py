@@ -6,6 +6,7 @@ goes only to the lab's own addresses, inside its namespaces."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shutil
@@ -48,6 +49,7 @@ if WHY_NOT:
 #: ``~/.ray/auth_token``) and none of the Ray variables this test process may carry (a test
 #: that started Ray in process has ``RAY_AUTH_TOKEN``; a user's fresh shell has none).
 FRESH_HOME = tempfile.mkdtemp(prefix="autotune-fresh-home-")
+atexit.register(shutil.rmtree, FRESH_HOME, True)  # made at import: every worker collects it
 
 
 def fresh_env() -> dict[str, str]:

@@ -226,6 +226,57 @@ def test_ctrl_c_lands_on_the_main_thread_and_the_running_trial_is_recorded_inter
     assert trials[2].user_attrs["reason_detail"] == "Ctrl-C during the trial"
 
 
+def test_a_second_ctrl_c_while_the_first_waits_for_the_trials_exits_at_once(
+    monkeypatch, ctrl_c_raises
+):
+    """Ctrl-C pressed twice in quick succession: the second lands while the first waits for the
+    aborted trials to be recorded (up to ``ABORT_WAIT_S``). It is not taken for the first
+    again (which would go on to export, and make the user press a third time): it raises
+    ``InterruptedAgain`` at once, which the run lets through."""
+    import signal
+    import threading
+    import time
+
+    import optuna
+
+    from autotune.core.errors import InterruptedAgain
+    from autotune.replay import simulate as rp
+    from autotune.search.loop import ABORT_WAIT_S
+    from tests.conftest import REPO
+
+    running, aborted, release = threading.Event(), threading.Event(), threading.Event()
+
+    class StuckRanks(rp.ReplayMeasurer):
+        def abort(self) -> None:
+            aborted.set()
+
+        def __call__(self, number, config, *a, **k):
+            if number < 2:
+                return super().__call__(number, config, *a, **k)
+            running.set()
+            release.wait(60)  # ranks that take their time to die
+            raise TrialFailed("crash", "rank 0 exited with status -9")
+
+    def ctrl_c_twice() -> None:
+        main = threading.main_thread().ident
+        if running.wait(30):
+            signal.pthread_kill(main, signal.SIGINT)
+            if aborted.wait(30):
+                time.sleep(0.3)  # the main thread is now waiting for the trial
+                signal.pthread_kill(main, signal.SIGINT)
+
+    monkeypatch.setattr(rp, "ReplayMeasurer", StuckRanks)
+    threading.Thread(target=ctrl_c_twice, daemon=True).start()
+    land = rp.Landscape.load(REPO / "bench" / "landscapes" / "default-loopback.json")
+    started = time.monotonic()
+    try:
+        with pytest.raises(InterruptedAgain):
+            rp.replay(land, seed=0, storage=optuna.storages.InMemoryStorage())
+        assert time.monotonic() - started < ABORT_WAIT_S / 2
+    finally:
+        release.set()
+
+
 def test_ctrl_c_while_a_trial_is_told_leaves_no_trial_running(ctrl_c_raises):
     """The interrupt of the CI failure: Ctrl-C while Optuna tells the storage a trial's end.
     Raised in the storage's write of trial 2's state, it lands on the waiting main thread; the

@@ -72,3 +72,33 @@ def test_h_w08_a_log_swapped_for_a_link_or_a_fifo_is_not_read(tmp_path):
     assert error_line(tmp_path / "script.log") == ""
     os.mkfifo(tmp_path / "fifo.log")
     assert tail(tmp_path / "fifo.log", 1000) == b""  # at once: no writer is waited for
+
+
+def test_a_trial_directory_whose_process_is_gone_is_removed_and_nothing_else(tmp_path):
+    """A script trial's directory outlives a process killed with -9; the next trial removes it.
+    A live process's directory, a link named like an orphan and a directory without a pid stay,
+    and the link's target is not touched."""
+    import subprocess
+    import sys
+
+    from autotune.script.command import TRIAL_DIR_PREFIX, remove_orphans
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = tmp_path / f"{TRIAL_DIR_PREFIX}{dead.pid}-abc"
+    (orphan / "report").mkdir(parents=True)
+    (orphan / "trial.yaml").write_text("x")
+    mine = tmp_path / f"{TRIAL_DIR_PREFIX}{os.getpid()}-def"
+    mine.mkdir()
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "keep").write_text("x")
+    link = tmp_path / f"{TRIAL_DIR_PREFIX}{dead.pid}-link"
+    link.symlink_to(target)
+    unnamed = tmp_path / f"{TRIAL_DIR_PREFIX}x-old"
+    unnamed.mkdir()
+
+    assert remove_orphans(tmp_path) == [orphan]
+    assert not orphan.exists()
+    assert mine.is_dir() and link.is_symlink() and unnamed.is_dir()
+    assert (target / "keep").read_text() == "x"
