@@ -237,6 +237,10 @@ class NodeOutcome:
     failure: TrialFailed | None = None
     peak_mb: float = 0.0
     log: bytes | None = None
+    stepped: bool = True
+    """Whether any rank on this node reported a step. A follower whose ranks never did cannot
+    have its command ended by the leader's end of a measurement (the leader's ranks cannot
+    finish a step without them): the driver then ends the leader without waiting for it."""
 
 
 def free_port() -> tuple[str, int]:
@@ -316,6 +320,7 @@ def run_node(
         finally:
             run.end()
             if leader is not None:  # the peak, whatever ended the command; the driver judges
+                out.stepped = reported(run.reports)
                 with contextlib.suppress(TrialFailed):
                     out.peak_mb = script_trial.peak_of_ranks(run.reports, None)
             if log_dir is not None and not direct:
@@ -323,11 +328,17 @@ def run_node(
     return out
 
 
+def reported(reports: Path) -> bool:
+    """Whether any rank of this node wrote a line to its step report."""
+    return any(p.stat().st_size > 0 for p in reports.glob("rank-*.steps"))
+
+
 def _follow(run: script_trial.Launch, leader: Any, node: int, timeout_s: float) -> None:
     """Run until the leader's task has ended. A command that exits first waits up to
     ``FOLLOWERS_WAIT_S`` for the leader (whose own end of its command makes this node's ranks
-    lose their peers), then fails naming this node and the command's last error line; stop on
-    our own after the trial's timeout and grace."""
+    lose their peers), then fails naming this node and the command's last error line; one whose
+    ranks never reported a step fails at once (the leader cannot be ending a measurement
+    without them). Stop on our own after the trial's timeout and grace."""
     import ray
 
     def ended(timeout: float) -> bool:  # without fetching the leader's outcome here
@@ -339,7 +350,8 @@ def _follow(run: script_trial.Launch, leader: Any, node: int, timeout_s: float) 
             return
         code = run.exited()
         if code is not None:
-            if ended(FOLLOWERS_WAIT_S):  # the leader ended meanwhile: it decides
+            wait = FOLLOWERS_WAIT_S if reported(run.reports) else 0.0
+            if ended(wait):  # the leader ended meanwhile: it decides
                 return
             said = script_trial.error_line(run.log)
             raise TrialFailed(
@@ -454,8 +466,12 @@ def _wait(t: _Trial, first: Any, deadline: float, timeout_s: float) -> None:
         _take(t, done[0])
         i = t.refs[done[0]]
         if i != 0 and i in t.failures:  # a follower's command ended first: the trial is over
-            # unless the leader was just ending its measured command
-            if not t.runner.end_tasks([first], grace_s=LEADER_GRACE_S, force=False):
+            # unless the leader was just ending its measured command, which it cannot be where
+            # the follower's ranks never stepped (a short grace still: a leader failing at the
+            # same moment answers by itself, and a cancel never crosses its reply)
+            out = t.outcomes.get(i)
+            grace = LEADER_GRACE_S if out is None or out.stepped else script_guard.GRACE_S
+            if not t.runner.end_tasks([first], grace_s=grace, force=False):
                 _take(t, first)
             break
 

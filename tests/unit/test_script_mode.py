@@ -537,3 +537,36 @@ def test_a_failed_script_is_named_from_the_end_of_its_log(tmp_path):
     before = int(io.read_text().split("rchar:")[1].split()[0])
     assert error_line(log) == "the last words"
     assert int(io.read_text().split("rchar:")[1].split()[0]) - before < 4 << 20
+
+
+@pytest.mark.parametrize(("stepped", "waited"), [(False, 0.0), (True, "FOLLOWERS_WAIT_S")])
+def test_a_follower_whose_ranks_never_stepped_fails_without_waiting_for_the_leader(
+    tmp_path, monkeypatch, stepped, waited
+):
+    """A follower node's command that exits before any of its ranks reported a step (a node's
+    own error at start-up) cannot have been ended by the leader ending a measurement: it fails
+    at once. One whose ranks stepped gives the leader ``FOLLOWERS_WAIT_S`` first (its own end
+    of the command makes this node's ranks lose their peers). Ray's wait stands in for the
+    leader's task, which never ends here."""
+    import ray
+
+    from autotune.core.errors import TrialFailed
+    from autotune.script import nodes
+
+    reports = tmp_path / "report"
+    reports.mkdir()
+    (reports / "rank-1.steps").write_text("t 1.0\n" if stepped else "")
+    log = tmp_path / "node-1.log"
+    log.write_text("train.py: error: no data on this node\n")
+    run = dataclasses.make_dataclass("Run", ["reports", "log"])(reports, log)
+    run.exited = lambda: 1
+    waits = []
+    monkeypatch.setattr(
+        ray, "wait", lambda refs, timeout, **kw: (waits.append(timeout), ([], refs))[1]
+    )
+    with pytest.raises(TrialFailed) as e:
+        nodes._follow(run, object(), 1, timeout_s=60)
+    assert "node 1: the command exited with status 1: train.py: error: no data" in str(e.value)
+    expected = nodes.FOLLOWERS_WAIT_S if waited == "FOLLOWERS_WAIT_S" else waited
+    assert waits == [nodes.FOLLOW_POLL_S, expected]
+    assert nodes.reported(reports) is stepped
