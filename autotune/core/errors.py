@@ -131,8 +131,8 @@ class Terminated(KeyboardInterrupt):
 
 
 class InterruptedAgain(KeyboardInterrupt):
-    """A second Ctrl-C or SIGTERM that arrived while the first one was still stopping the
-    running trials: the run exits at once, as a second one does at any later point."""
+    """A Ctrl-C (or a first SIGTERM) that arrived while an earlier one was still stopping the
+    running trials: the run exits at once, as on a second Ctrl-C at any later point."""
 
 
 def _received() -> bool:

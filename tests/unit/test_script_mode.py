@@ -561,9 +561,12 @@ def test_a_follower_whose_ranks_never_stepped_fails_without_waiting_for_the_lead
     run = dataclasses.make_dataclass("Run", ["reports", "log"])(reports, log)
     run.exited = lambda: 1
     waits = []
-    monkeypatch.setattr(
-        ray, "wait", lambda refs, timeout, **kw: (waits.append(timeout), ([], refs))[1]
-    )
+
+    def leader_running(refs, timeout, **kw):  # ray.wait on a leader that never ends
+        waits.append(timeout)
+        return [], refs
+
+    monkeypatch.setattr(ray, "wait", leader_running)
     with pytest.raises(TrialFailed) as e:
         nodes._follow(run, object(), 1, timeout_s=60)
     assert "node 1: the command exited with status 1: train.py: error: no data" in str(e.value)
