@@ -18,6 +18,7 @@ from autotune.core.step_report import BadReport
 from autotune.definition.studydef import StudyDefinition
 from autotune.script.command import Reports, StepStream, error_line, loss_curve
 from autotune.script.job import node_command, script_job
+from autotune.script.nodes import FOLLOWERS_WAIT_S
 
 M = MeasureSettings(window_s=1.0, min_windows=3, max_windows=6)
 
@@ -539,7 +540,7 @@ def test_a_failed_script_is_named_from_the_end_of_its_log(tmp_path):
     assert int(io.read_text().split("rchar:")[1].split()[0]) - before < 4 << 20
 
 
-@pytest.mark.parametrize(("stepped", "waited"), [(False, 0.0), (True, "FOLLOWERS_WAIT_S")])
+@pytest.mark.parametrize(("stepped", "waited"), [(False, 0.0), (True, FOLLOWERS_WAIT_S)])
 def test_a_follower_whose_ranks_never_stepped_fails_without_waiting_for_the_leader(
     tmp_path, monkeypatch, stepped, waited
 ):
@@ -570,6 +571,5 @@ def test_a_follower_whose_ranks_never_stepped_fails_without_waiting_for_the_lead
     with pytest.raises(TrialFailed) as e:
         nodes._follow(run, object(), 1, timeout_s=60)
     assert "node 1: the command exited with status 1: train.py: error: no data" in str(e.value)
-    expected = nodes.FOLLOWERS_WAIT_S if waited == "FOLLOWERS_WAIT_S" else waited
-    assert waits == [nodes.FOLLOW_POLL_S, expected]
+    assert waits == [nodes.FOLLOW_POLL_S, waited]
     assert nodes.reported(reports) is stepped
