@@ -56,6 +56,7 @@ __all__ = [
     "measured",
     "measurement",
     "on_top",
+    "on_top_of",
     "point",
     "reason",
     "reason_detail",
@@ -82,6 +83,7 @@ MARKS: dict[str, type | tuple[type, ...]] = {
     "combination": list,
     "fold": str,
     "on_top": str,
+    "base": int,
 }
 
 
@@ -193,8 +195,16 @@ def fold(t: AnyTrial) -> str | None:
 
 
 def on_top(t: AnyTrial) -> str | None:
-    """The lever a screening trial was screened on top of (None: moved alone)."""
+    """What a screening trial was screened on top of, in words: the lever's label, then each
+    partner stacked on it (``"comm_hook=fp16 + bucket_cap_mb=5"``); None: moved alone."""
     return _get(t, "on_top", str)
+
+
+def on_top_of(t: AnyTrial) -> int | None:
+    """The number of the trial a screening trial on top of a lever is rated against (the
+    lever's, or the last partner stacked on it); None: moved alone, or queued before the
+    trial's number was recorded (then the lever's own trial)."""
+    return _get(t, "base", int)
 
 
 #: A point of the space (``point``).

@@ -13,16 +13,21 @@ therefore starts (after the baseline) with:
    the order listed, each with its reason;
    **After a lever, its partners.** Once a screening trial beats the defaults' runs by
    ``LEVER`` or more (at 500 Mbit, the fp16 hook: 1.6-1.8x), the priors not yet screened are
-   screened *on top of it* (user attribute ``on_top``: the lever's label; their params are the
-   lever's moves and theirs) and rated against the lever's trial: a partner's gain often shows
-   only once the lever took the bottleneck away (5 MB buckets: 1.00x alone, 1.03x on top of the
-   hook). With a first measurement they are ordered and skipped by their gain on the step
-   predicted after the lever (``Evidence.after``), but for smaller buckets on top of a
-   compressing hook, which come first (``smaller_buckets_first``: the hook's per-bucket cast
-   is work the first measurement never saw, and smaller buckets pipeline it). A prior that
-   moves one of the lever's knobs is an alternative to it, still screened alone; priors
-   screened before the lever was found are not screened again on top of it. Each such trial
-   is itself a candidate;
+   screened *on top of it*: a partner's gain often shows only once the lever took the
+   bottleneck away (5 MB buckets: 1.00x alone, 1.03x on top of the hook). The partners
+   **stack** (``Stack``): each is screened on top of the lever and every partner that helped
+   before it, and rated against the trial it was stacked on (user attributes ``on_top``, the
+   stack in words, and ``base``, that trial's number), so the lever's best combination is
+   built one measured step at a time instead of waiting for the combination after the
+   screening. On the recorded 1 Gbit landscape the best points move three knobs (the hook,
+   bf16, 5 MB buckets or bucket views); screened each on the hook alone, they met only in the
+   combination, after a run of the defaults. With a first measurement the partners are
+   ordered and skipped by their gain on the step predicted after the stack
+   (``Evidence.after``), but for smaller buckets on top of a compressing hook, which come
+   first (``smaller_buckets_first``: the hook's per-bucket cast is work the first measurement
+   never saw, and smaller buckets pipeline it). A prior that moves one of the lever's knobs is
+   an alternative to it, still screened alone; priors screened before the lever was found are
+   not screened again on top of it. Each such trial is itself a candidate;
 2. **the defaults again** (a re-anchoring run, ``record.study.enqueue_anchor``): each effect
    is measured against the median of the defaults' runs before and after the screening, so
    that neither a cold first baseline nor drift decides what helps;
@@ -68,7 +73,7 @@ from autotune.record.study import anchors, enqueue_anchor, throughput
 from autotune.record.typed import write
 
 __all__ = ["HELPS", "PRIORS", "Planned", "Prior", "Screening", "applicable", "plan", "ruled_out"]
-__all__ += ["LEVER", "gain", "on_top", "smaller_buckets_first", "verdict"]
+__all__ += ["LEVER", "Stack", "gain", "on_top", "smaller_buckets_first", "verdict"]
 
 #: The ``anchor`` attribute of the run of the defaults that closes the screening.
 AGAIN = "after screening"
@@ -223,22 +228,44 @@ def plan(space: ResolvedSpace, evidence: Evidence | None) -> tuple[list[Planned]
     return keep, skip
 
 
+@dataclass(frozen=True)
+class Stack:
+    """The lever and the partners stacked on it: each screened on top of the ones before it
+    and faster than the trial it was stacked on by more than ``HELPS``."""
+
+    labels: tuple[str, ...]
+    """The lever's label, then each stacked partner's."""
+    moves: dict[str, Any]
+    """Their moves, a later one's value winning where two move the same knob."""
+    trial: int
+    """The number of the top trial: the one the next partner is rated against."""
+
+    def __str__(self) -> str:
+        return " + ".join(self.labels)
+
+
 def on_top(
-    space: ResolvedSpace, evidence: Evidence | None, lever: Prior, done: set[str]
+    space: ResolvedSpace,
+    evidence: Evidence | None,
+    lever: Prior,
+    done: set[str],
+    stack: Stack | None = None,
 ) -> list[Planned]:
     """The priors not in ``done`` to screen once ``lever`` is found, in order: its partners
-    (priors that move none of its knobs) on top of it, planned on the step predicted after it
-    (``Evidence.after``: rated, ordered and skipped by what they add to it), then its
-    alternatives (priors that move one of its knobs) alone, as ``plan`` had them."""
-    after = None if evidence is None else evidence.after(lever.moves)
+    (priors that move none of its knobs) on top of ``stack`` (the lever alone by default),
+    planned on the step predicted after the stack (``Evidence.after``: rated, ordered and
+    skipped by what they add to it), then its alternatives (priors that move one of its
+    knobs) alone, as ``plan`` had them."""
+    stack = stack or Stack((lever.label,), dict(lever.moves), -1)
+    after = None if evidence is None else evidence.after(stack.moves)
     planned = plan(space, after)[0]
-    if after is not None and lever.moves.get("comm_hook") in HALF_HOOKS:
+    if after is not None and stack.moves.get("comm_hook") in HALF_HOOKS:
         planned = smaller_buckets_first(space, planned)
     partners = []
     for t in planned:
         if t.prior.label in done or set(t.prior.moves) & set(lever.moves):
             continue
-        params = moved(space, {**lever.moves, **t.prior.moves})
+        params = moved(space, {**stack.moves, **t.prior.moves})
         if params is not None:
             partners.append(Planned(t.prior, params, t.gain, on_top=lever))
     alternatives = [
@@ -396,36 +423,66 @@ class Screening:
         if not self.is_open():
             return []
         trials = self.study.get_trials(deepcopy=False)
-        return self._todo(trials, [t for t in trials if t.state != TrialState.WAITING])
+        return self._todo(trials, [t for t in trials if t.state != TrialState.WAITING])[0]
 
     def lever(self, trials: list[optuna.trial.FrozenTrial]) -> Prior | None:
         """The prior whose screening trial (moved alone, COMPLETE) beats the median of the
         defaults' runs so far by ``LEVER`` or more, the fastest such; None before one did."""
+        found = self._lever_trial(trials)
+        return None if found is None else found[1]
+
+    def _lever_trial(
+        self, trials: list[optuna.trial.FrozenTrial]
+    ) -> tuple[optuna.trial.FrozenTrial, Prior] | None:
+        """``lever``'s prior with its screening trial."""
         runs = [throughput(t) for t in anchors(self.study)]
         if not runs:
             return None
         bar = LEVER * statistics.median(runs)
-        by_label = {p.label: p for p in PRIORS}
-        best: tuple[float, Prior] | None = None
+        best: tuple[float, optuna.trial.FrozenTrial, Prior] | None = None
         for t in trials:
             label = tr.screen_label(t)
             value = tr.measured(t, "throughput")
-            if label not in by_label or tr.on_top(t) or t.state != TrialState.COMPLETE:
+            if label not in BY_LABEL or tr.on_top(t) or t.state != TrialState.COMPLETE:
                 continue
             if value and value >= bar and (best is None or value > best[0]):
-                best = (value, by_label[label])
-        return None if best is None else best[1]
+                best = (value, t, BY_LABEL[label])
+        return None if best is None else best[1:]
+
+    def stack(self, trials: list[optuna.trial.FrozenTrial]) -> Stack | None:
+        """The lever and the partners stacked on it so far (``Stack``); None before a lever.
+        A partner joins when its trial, rated against the top of the stack it was queued on,
+        helps (``HELPS``); one queued on an older top (trials run at once) does not."""
+        found = self._lever_trial(trials)
+        if found is None:
+            return None
+        top, lever = found
+        labels, moves = [lever.label], dict(lever.moves)
+        for t in sorted(trials, key=lambda t: t.number):
+            label = tr.screen_label(t)
+            if label not in BY_LABEL or tr.on_top(t) is None or t.state != TrialState.COMPLETE:
+                continue
+            if _base_number(t, top) != top.number or not _helps_over(t, top):
+                continue
+            replaced = set(BY_LABEL[label].moves)  # a partner moving a stacked one's knobs
+            labels = [x for x in labels if not set(BY_LABEL[x].moves) <= replaced] + [label]
+            moves.update(BY_LABEL[label].moves)
+            top = t
+        return Stack(tuple(labels), moves, top.number)
 
     def _todo(
         self, trials: list[optuna.trial.FrozenTrial], counted: list[optuna.trial.FrozenTrial]
-    ) -> list[Planned]:
+    ) -> tuple[list[Planned], Stack | None]:
         """The planned priors that no trial of ``counted`` screened, in the order they are
-        screened: as ``plan`` has them until a lever is found, then ``on_top`` of it."""
+        screened: as ``plan`` has them until a lever is found, then ``on_top`` of its stack;
+        with that stack (None before a lever)."""
         done = {label for t in counted if (label := tr.screen_label(t)) is not None}
-        lever = self.lever(trials)
-        if lever is None:
-            return [t for t in plan(self.space, self.evidence)[0] if t.prior.label not in done]
-        return on_top(self.space, self.evidence, lever, done)
+        stack = self.stack(trials)
+        if stack is None:
+            planned = plan(self.space, self.evidence)[0]
+            return [t for t in planned if t.prior.label not in done], None
+        lever = BY_LABEL[stack.labels[0]]
+        return on_top(self.space, self.evidence, lever, done, stack), stack
 
     def step(self) -> ScreeningDone | None:
         """Queue what comes next unless one of ours is queued already: the next prior not yet
@@ -440,13 +497,13 @@ class Screening:
             if summary is not None:  # screened (in this run or an earlier one)
                 self._fold_over(trials, summary)
                 return None
-            todo = self._todo(trials, ours)
+            todo, stack = self._todo(trials, ours)
             if todo:
                 marks: dict[str, Any] = {"screen": todo[0].prior.label}
                 if todo[0].gain is not None:
                     marks["expected_gain"] = round(todo[0].gain, 4)
-                if todo[0].on_top is not None:
-                    marks["on_top"] = todo[0].on_top.label
+                if todo[0].on_top is not None and stack is not None:
+                    marks.update(on_top=str(stack), base=stack.trial)
                 tr.enqueue(self.study, todo[0].params, **marks)
                 return None
             screened = [t for t in ours if tr.screen_label(t) is not None]
@@ -491,16 +548,12 @@ class Screening:
 
     def _summary(self, screened: list[optuna.trial.FrozenTrial]) -> dict[str, ScreenEffect]:
         """Each screened prior: its trial, state, speedup over the baseline and whether it
-        helps."""
+        helps (on top of a lever: its gain over the trial it was stacked on)."""
         # the defaults as measured before and after the screening trials
         runs = [throughput(t) for t in anchors(self.study)]
         base_value = statistics.median(runs) if runs else None
-        by_label = {p.label: p for p in PRIORS}
-        alone = {
-            tr.screen_label(t): tr.measured(t, "throughput")
-            for t in screened
-            if not tr.on_top(t) and t.state == TrialState.COMPLETE
-        }
+        found = self._lever_trial(self.study.get_trials(deepcopy=False))
+        by_number = {t.number: t for t in screened}
         out: dict[str, ScreenEffect] = {}
         for t in screened:
             label = tr.screen_label(t) or ""
@@ -508,12 +561,14 @@ class Screening:
             measured = tr.measured(t, "throughput")
             if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and base_value and measured:
                 speedup = measured / base_value
-            lever = tr.on_top(t)
-            gain = None  # on top of a lever: over the lever's own trial
-            if lever is not None and speedup is not None and alone.get(lever) and measured:
-                gain = measured / alone[lever]
-            over = speedup if lever is None else gain
-            prior = by_label.get(label)
+            stacked_on = tr.on_top(t)
+            gain = None  # on top of a lever: over the trial it was stacked on
+            if stacked_on is not None and speedup is not None and found is not None:
+                base = by_number.get(_base_number(t, found[0]))
+                below = None if base is None else tr.measured(base, "throughput")
+                gain = measured / below if below and measured else None
+            over = speedup if stacked_on is None else gain
+            prior = BY_LABEL.get(label)
             out[label] = ScreenEffect(
                 label=label,
                 trial=t.number,
@@ -523,7 +578,24 @@ class Screening:
                 helps=t.state == TrialState.COMPLETE and over is not None and over > 1 + HELPS,
                 moves={} if prior is None else dict(prior.moves),
                 reason="" if prior is None else prior.reason,
-                on_top=lever,
+                on_top=stacked_on,
                 gain=None if gain is None else round(gain, 4),
             )
         return out
+
+
+#: The screening's priors by label.
+BY_LABEL = {p.label: p for p in PRIORS}
+
+
+def _base_number(t: optuna.trial.FrozenTrial, lever: optuna.trial.FrozenTrial) -> int:
+    """The number of the trial ``t`` (on top of a lever) is rated against: its ``base``, or
+    the lever's trial for a trial queued before ``base`` was recorded."""
+    base = tr.on_top_of(t)
+    return lever.number if base is None else base
+
+
+def _helps_over(t: optuna.trial.FrozenTrial, below: optuna.trial.FrozenTrial) -> bool:
+    """Whether ``t`` measured faster than ``below`` by more than ``HELPS``."""
+    value, under = tr.measured(t, "throughput"), tr.measured(below, "throughput")
+    return bool(value and under and value > (1 + HELPS) * under)
