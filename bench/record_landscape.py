@@ -21,7 +21,8 @@ After it, the **first measurement**: the limit probe of the defaults, as ``autot
 takes it right after its baseline trial (``autotune.limit.probe.probe_one``; phases, the all-reduce
 alone and the alpha-beta sweep), stored as ``first_measurement`` with its wall seconds; the
 replay orders its screening from it. ``--probe-only`` adds just that to an existing landscape
-(``--out``), measured on the same setup now:
+(``--out``), measured on the same setup now (on other hardware than the grid's it says so, and
+the landscape keeps the grid's ``hardware``; the first measurement records its own):
 
     autotune lab up --nodes 2 --rate 1gbit --cpus-per-node 1
     autotune lab exec -- python bench/record_landscape.py --study lab --probe-only \
@@ -145,9 +146,14 @@ def main() -> None:
         grid = resolved.grid()
         base_point = {k: defaults[k] for k in grid}
         base_cfg = TrialConfig.from_values(defaults, target)
-        out["hardware"] = {
+        here = {
             k: hw.get(k) for k in ("device", "device_name", "cpus", "torch", "bf16", "bf16_native")
         }
+        if a.probe_only and out.get("hardware", here) != here:
+            # the grid's hardware stays the landscape's: it decides the replayed space
+            print(f"probe-only on other hardware than the grid's: {here}", flush=True)
+        else:
+            out["hardware"] = here
 
         def first_measurement(r: TrialRunner) -> dict[str, Any]:
             def run(trial: int, config: TrialConfig, limit: dict[str, Any]) -> Any:
@@ -164,6 +170,7 @@ def main() -> None:
 
             rec = probe_one(run, 0, base_cfg, device=hw["device"])
             rec["measured_at"] = time.strftime("%Y-%m-%d")
+            rec["hardware"] = here
             print("first measurement", json.dumps(rec["bounds"]), rec["wall_s"], flush=True)
             return rec
 

@@ -3,8 +3,9 @@ hardware does with communication taken out, or with nothing but communication.
 
 ``probe(session, steps, settings)`` runs after the warm-up, in this order, every rank at once:
 
-1. DDP steps (two windows' worth, ``MIN_STEPS`` to ``MAX_STEPS``), each phase timed (data,
-   forward, backward, optimizer; ``Session.step``). DDP's backward returns once its buckets
+1. DDP steps (two windows' worth, ``MIN_STEPS`` to ``MAX_STEPS``; where steps are slow,
+   ``FEWEST_STEPS`` that take ``PROBE_S`` or more do), each phase timed (data, forward,
+   backward, optimizer; ``Session.step``). DDP's backward returns once its buckets
    are all-reduced, so the backward phase holds the communication not hidden behind it.
 2. alternating with them in blocks (DDP, bare, DDP, bare), as many steps of the bare model
    (``Session.step(communicate=False)``): the same micro-batch, precision and DataLoader, no
@@ -12,7 +13,8 @@ hardware does with communication taken out, or with nothing but communication.
    trial. That is the compute ceiling. Alternating, both see the same machine.
 3. The communication alone: the gradients' buckets, at the sizes DDP itself settled on for
    this configuration (``core.compat.ddp_bucket_bytes``), all-reduced back to back as DDP issues
-   them, ``repeats`` times; then the last bucket alone, which no backward can hide. A
+   them, ``repeats`` times (no unmeasured round first: the DDP steps just sent the same buckets
+   over the same group); then the last bucket alone, which no backward can hide. A
    compressing hook (fp16, bf16) all-reduces half the bytes: the buckets are sent in that
    dtype. PowerSGD is not modelled (its buckets are sent whole: an upper bound). Then one
    all-reduce of each of ``FIT_BYTES`` (at most the gradients' own bytes), ``repeats`` times
@@ -29,6 +31,7 @@ ranks' weights differ: nothing measured here trains anything that is kept.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import replace
@@ -38,13 +41,20 @@ from autotune.core.config import MeasureSettings
 from autotune.core.knobs import HALF_HOOKS
 from autotune.rank.session import PHASES, Session
 
-__all__ = ["PROBE_WARMUP_STEPS", "PROFILED_STEPS", "probe", "probe_warmup"]
+__all__ = ["PROBE_WARMUP_STEPS", "PROFILED_STEPS", "probe", "probe_steps", "probe_warmup"]
 
 #: DDP steps (and as many bare ones) the probe times: two windows' worth, within these. Fewer
 #: let one slow step of a loaded machine move the mean: with 3 steps the default MLP's probe
 #: read 268 samples/s where its trials read 350-377.
 MIN_STEPS = 8
 MAX_STEPS = 200
+#: Where steps are slow, fewer than ``MIN_STEPS`` do: as many as take ``PROBE_S`` seconds, at
+#: least ``FEWEST_STEPS`` (two per block). The mean moved by one slow step is a matter of the
+#: time measured, not of the count: the default MLP's 8 steps take about 3 s; on the network
+#: lab at 300 Mbit (2 s a step) the 8 DDP and 8 bare steps took 17 of the probe's 40 s, and the
+#: probe delays every screening trial.
+PROBE_S = 4.0
+FEWEST_STEPS = 4
 #: DDP steps recorded by the profiler for the trace (outside every timed figure).
 PROFILED_STEPS = 2
 #: Most warm-up steps before the probe: its figures are means over its steps, and it
@@ -105,7 +115,7 @@ def _comm_alone(s: Session, repeats: int) -> dict[str, Any]:
     buckets = [torch.ones(max(1, n // 4), dtype=dtype, device=s.device) for n in sizes]
     everything: list[float] = []
     last: list[float] = []
-    for r in range(repeats + 1):  # the first round is a warm-up: connections, allocations
+    for _ in range(repeats):  # the DDP steps before warmed the group up with these buckets
         dist.barrier()
         s.sync()
         t0 = time.perf_counter()
@@ -115,9 +125,8 @@ def _comm_alone(s: Session, repeats: int) -> dict[str, Any]:
         t1 = time.perf_counter()
         dist.all_reduce(buckets[-1])
         s.sync()
-        if r:
-            everything.append(t1 - t0)
-            last.append(time.perf_counter() - t1)
+        everything.append(t1 - t0)
+        last.append(time.perf_counter() - t1)
     fit = _sweep(s, repeats, sum(sizes))
     return {
         "comm_s": statistics.median(everything),
@@ -191,12 +200,21 @@ def probe_warmup(m: MeasureSettings) -> MeasureSettings:
     )
 
 
+def probe_steps(steps: int, step_s: float) -> int:
+    """The DDP steps the probe times (and as many bare ones), for ``steps`` steps per window
+    of ``step_s`` seconds each: two windows' worth, at least ``MIN_STEPS`` or as many as take
+    ``PROBE_S`` (at least ``FEWEST_STEPS``), at most ``MAX_STEPS``."""
+    enough = max(FEWEST_STEPS, math.ceil(PROBE_S / step_s)) if step_s > 0 else MIN_STEPS
+    return min(max(2 * steps, min(MIN_STEPS, enough)), MAX_STEPS)
+
+
 def probe(
-    s: Session, steps: int, settings: dict[str, Any]
+    s: Session, steps: int, step_s: float, settings: dict[str, Any]
 ) -> tuple[list[float], list[float], list[Any], dict[str, Any]]:
-    """The probe (module doc): (samples/s of each DDP step over all ranks, the slowest rank's
-    seconds of each, the losses, the record)."""
-    steps = int(settings.get("steps") or min(max(2 * steps, MIN_STEPS), MAX_STEPS))
+    """The probe (module doc) after a warm-up whose last steps took ``step_s`` seconds each:
+    (samples/s of each DDP step over all ranks, the slowest rank's seconds of each, the
+    losses, the record)."""
+    steps = int(settings.get("steps") or probe_steps(steps, step_s))
     ddp_steps, compute_steps, losses = _phased(s, steps)
     comm = _comm_alone(s, int(settings.get("repeats", 5)))
     ddp, compute = _mean_phases(ddp_steps), _mean_phases(compute_steps)

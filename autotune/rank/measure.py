@@ -123,7 +123,7 @@ def _run_rank(spec: RankSpec, store: Any) -> RankResult:
         if spec.limit is not None:  # the limit probe instead of the timed windows
             from autotune.rank.limit_probe import probe
 
-            windows, seconds, losses, found = probe(s, steps, spec.limit)
+            windows, seconds, losses, found = probe(s, steps, per_step, spec.limit)
             stop = "limit"
         else:
             windows, seconds, losses, stop = _windows(s, steps)

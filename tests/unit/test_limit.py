@@ -5,6 +5,7 @@ record. (The probe itself runs in ``tests/integration/test_limit.py``.)"""
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -419,3 +420,17 @@ def test_a_knob_the_ablation_dropped_is_no_gain_for_the_advice():
         ),
     )
     assert no_gain(study) == {"bucket_cap_mb"}
+
+
+def test_the_probe_times_eight_steps_unless_fewer_slow_ones_take_long_enough():
+    """Two windows' worth of DDP steps, at least 8 (3 fast steps read 268 samples/s where the
+    trials read 350-377); where steps are slow, as many as take 4 s do, never fewer than 4."""
+    from autotune.rank.limit_probe import FEWEST_STEPS, MIN_STEPS, PROBE_S, probe_steps
+
+    assert probe_steps(2, 0.21) == MIN_STEPS  # the default MLP on loopback: 1.7 s
+    assert probe_steps(10, 0.05) == 20  # two windows' worth above the floor
+    assert probe_steps(2, 0.71) == math.ceil(PROBE_S / 0.71) == 6  # the lab at 1 Gbit
+    assert probe_steps(2, 1.26) == FEWEST_STEPS == 4  # 500 Mbit: 5 s
+    assert probe_steps(2, 2.04) == 4 and probe_steps(3, 2.04) == 6  # never under two windows
+    assert probe_steps(1000, 0.001) == 200  # MAX_STEPS
+    assert probe_steps(2, 0.0) == MIN_STEPS  # a step too quick to time
