@@ -54,6 +54,7 @@ from autotune.core.events import (
     ValidationStarted,
 )
 from autotune.core.knobs import changed_knobs
+from autotune.core.numerics import changes_numerics
 from autotune.core.results import TrialResult
 from autotune.core.stats import speedup_ci, speedup_text
 from autotune.core.values import ratio_interval
@@ -64,6 +65,7 @@ from autotune.record.attrs import AsIsRecord, IntervalRecord, ValidationRecord, 
 from autotune.record.study import anchored_speedups, baseline_trial, complete
 from autotune.record.typed import read, write
 from autotune.search.budget import MAX_ROUNDS, Budget
+from autotune.search.screening import HELPS
 
 __all__ = [
     "TODAY",
@@ -85,7 +87,8 @@ def candidates(
     """The ``top`` COMPLETE trials fastest against the defaults measured nearest to each in
     time (``record.study.anchored_speedup``) and above them, one per configuration, by key
     ``trial N``; never the defaults themselves, nor a point of ``rejected`` (measured by an
-    earlier re-validation of this run and not borne out: ``rejected``)."""
+    earlier re-validation of this run and not borne out: ``rejected``), nor a trial that
+    only adds knobs to a leaner one (``passenger``)."""
     base = baseline_trial(study)
     if base is None:
         return {}
@@ -93,15 +96,48 @@ def candidates(
     seen = {*rejected, tr.point(base)}
     done = complete(study)
     speedups = anchored_speedups(done)
+    changes = {t.number: changed_knobs(t.params, base.params) for t in done}
     for t in sorted(done, key=lambda t: -speedups[t.number]):
         key = tr.point(t)
         if tr.is_baseline(t) or key in seen or speedups[t.number] <= 1.0:
+            continue
+        if passenger(t, done, speedups, changes):
             continue
         seen.add(key)
         out[f"trial {t.number}"] = t
         if len(out) == top:
             break
     return out
+
+
+def passenger(
+    t: optuna.trial.FrozenTrial,
+    done: list[optuna.trial.FrozenTrial],
+    speedups: dict[int, float],
+    changes: dict[int, dict[str, Any]],
+) -> bool:
+    """Whether ``t`` changes every knob a leaner trial of ``done`` changes, at its values, and
+    more, one of them changing what is computed (``core.numerics.changes_numerics``: lower
+    precision, a compressing hook), without reading more than ``HELPS`` above it. What it
+    adds did not help in the search, as a screened partner that does not join the stack
+    (``screening.Stack``), and costs numerics: the leaner trial competes in its place. On the
+    recorded 500 Mbit landscape the fp16 hook with 5 MB buckets, and with bf16 on top (0.3 %
+    apart), were both screened; where the plan held one candidate, half of the replayed
+    5-minute runs took the one with bf16 and had no budget left to ablate it. A knob that
+    leaves the numerics alone is not judged here, on one trial each: 5 MB buckets on top of
+    the hook gain 2 % at 300 Mbit, within one trial's noise, and the re-validation's rounds
+    and the ablation tell."""
+    mine = changes[t.number]
+    numerics = set(changes_numerics(tr.config(t)))
+    for u in done:
+        theirs = changes[u.number]
+        if not theirs or len(theirs) >= len(mine) or speedups[u.number] <= 1.0:
+            continue
+        within = speedups[t.number] <= (1 + HELPS) * speedups[u.number]
+        subset = all(mine.get(k) == x for k, x in theirs.items())
+        if within and subset and numerics - set(changes_numerics(tr.config(u))):
+            return True
+    return False
 
 
 def rejected(study: optuna.Study, record: ValidationRecord | None) -> frozenset[tr.Point]:

@@ -684,3 +684,21 @@ def test_an_undecided_knob_gets_more_rounds_before_the_ablation_drops_it(monkeyp
     assert not [n for n in notes if n.startswith("Undecided")]
     assert record["contributions"]["bucket_cap_mb"]["kept"] is False
     assert "bucket_cap_mb=25.0" in r.exported and r.share < 0.97
+
+
+def test_a_trial_that_only_adds_a_numerics_change_within_helps_is_no_candidate():
+    """The fp16 hook 0.5 % above the lever alone: it changes what is computed for nothing
+    the search could see, so the lever alone competes in its place; 5 MB buckets as little
+    above it leave the numerics alone and stay a candidate (the re-validation's rounds tell)."""
+    from autotune.record import trial as tr
+    from autotune.search.validation import candidates
+
+    lever = ("static_graph", True)
+    for partner, numerics in ((("comm_hook", "fp16"), True), (("bucket_cap_mb", 5.0), False)):
+        ls = landscape(LEVER_AND_PARTNER, together={(lever, partner): 1.005})
+        r = replay(ls, seed=0, n_trials=12, validate_top=0)
+        both = next(t for t in r.study.trials if t.params[partner[0]] == partner[1])
+        assert tr.on_top(both) == "static_graph=True", tr.screen_label(both)
+        picked = list(candidates(r.study, 12).values())
+        assert (both not in picked) is numerics, (partner, [t.number for t in picked])
+        assert any(t.params["static_graph"] and t.params[partner[0]] != partner[1] for t in picked)
