@@ -17,6 +17,7 @@ import pytest
 from optuna.trial import TrialState
 from optuna_dashboard import get_note
 
+from autotune.core.stats import HOPELESS_LAST
 from autotune.profile.profile import Profile
 from tests.conftest import autotune_cmd, started_run, wait_for
 from tests.integration.conftest import (
@@ -66,8 +67,11 @@ def test_study_holds_a_complete_baseline_and_measured_trials(finished_run):
             assert a["throughput"] == pytest.approx(t.value, rel=1e-6)
             assert a["stop"] in ("converged", "cap")
         else:  # pruned: clearly below the incumbent (upper bound under the incumbent's lower
-            # bound), with its numbers so far; that can be decided as late as the last window
-            assert a["stop"] == "pruned" and len(a["windows"]) <= 6
+            # bound), with its numbers so far; that can be decided as late as the last window.
+            # Or hopeless: its last warm-up steps 4x or more below the incumbent (on a loaded
+            # machine, seen in CI), recorded as its windows
+            pruned = a["stop"] == "pruned" and len(a["windows"]) <= 6
+            assert pruned or a["stop"] == "hopeless" and len(a["windows"]) == HOPELESS_LAST
             best = max(x.value for x in trials if x.state == TrialState.COMPLETE)
             assert ci["high"] < best
     for t in trials:
