@@ -25,6 +25,7 @@ every configuration, the winner included, was measured with it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
 
 import optuna
@@ -73,6 +74,35 @@ def variants(space: ResolvedSpace, params: dict[str, Any]) -> dict[str, dict[str
     return out
 
 
+@dataclass(frozen=True)
+class _Bench:
+    """What every measurement of one ablation shares: the winner's trial number, the
+    configurations by key (``WINNER``, ``without K``), the re-measurement runs' settings, the
+    budget, the measurer and where to say things."""
+
+    number: int
+    configs: dict[str, TrialConfig]
+    short: MeasureSettings
+    budget: Budget
+    measure: Measurer
+    emit: Emit
+
+    def interleaved(
+        self, keys: list[str], order: list[str]
+    ) -> tuple[dict[str, list[float]], dict[str, str], float] | None:
+        """``measure_interleaved`` of ``keys`` in ``order``, the winner essential."""
+        return measure_interleaved(
+            keys,
+            order,
+            lambda key: self.measure(self.number, self.configs[key], measure=self.short),
+            self.emit,
+            essential=WINNER,
+        )
+
+    def with_config(self, key: str, config: TrialConfig) -> _Bench:
+        return replace(self, configs={**self.configs, key: config})
+
+
 def ablate(
     *,
     study: optuna.Study,
@@ -108,37 +138,18 @@ def ablate(
             f"its default, {rounds} interleaved rounds ({len(order)} runs)"
         )
     )
-    short = definition.measure.rerun()
-    done = measure_interleaved(
-        keys,
-        order,
-        lambda key: measure(number, configs[key], measure=short),
-        emit,
-        essential=WINNER,
-    )
+    bench = _Bench(number, configs, definition.measure.rerun(), budget, measure, emit)
+    done = bench.interleaved(keys, order)
     if done is None:
         emit(Note("The winner failed during ablation: every knob it changes is kept"))
         return None
     runs, failed, timed_s = done
     contributions, together = _contributions(options, runs, failed, winner.params)
-    more = _settle(
-        contributions, together, runs, failed, configs, number, short, budget, measure, emit
-    )
+    more = _settle(bench, contributions, together, runs, failed)
     if more is not None:
         timed_s += more
         contributions, together = _contributions(options, runs, failed, winner.params)
-    values, dropped, joint = _drop_unproven(
-        space,
-        winner.params,
-        contributions,
-        number,
-        configs[WINNER],
-        rounds,
-        short,
-        budget,
-        measure,
-        emit,
-    )
+    values, dropped, joint = _drop_unproven(bench, space, winner.params, contributions, rounds)
     contributions.update(pin_contribution(validation))
     record = AblationRecord(
         trial=number,
@@ -159,16 +170,11 @@ def ablate(
 
 
 def _drop_unproven(
+    bench: _Bench,
     space: ResolvedSpace,
     params: dict[str, Any],
     contributions: dict[str, Contribution],
-    number: int,
-    winner: TrialConfig,
     rounds: int,
-    short: MeasureSettings,
-    budget: Budget,
-    measure: Measurer,
-    emit: Emit,
 ) -> tuple[dict[str, Any], list[str], JointCheck | None]:
     """The winner's values with the knobs that proved nothing back at their defaults, those
     knobs, and the check of dropping two or more of them at once (which puts them all back
@@ -183,7 +189,7 @@ def _drop_unproven(
     # Each drop alone cost nothing beyond the noise; all of them at once is another
     # configuration, measured before it is exported.
     reduced = TrialConfig.from_values(values, space.target)
-    joint = _check_joint(number, dropped, winner, reduced, rounds, short, budget, measure, emit)
+    joint = _check_joint(bench, dropped, reduced, rounds)
     if joint.kept_back:
         for k in dropped:
             others = ", ".join(o for o in dropped if o != k)
@@ -194,16 +200,11 @@ def _drop_unproven(
 
 
 def _settle(
+    bench: _Bench,
     contributions: dict[str, Contribution],
     together: bool,
     runs: dict[str, list[float]],
     failed: dict[str, str],
-    configs: dict[str, TrialConfig],
-    number: int,
-    short: MeasureSettings,
-    budget: Budget,
-    measure: Measurer,
-    emit: Emit,
 ) -> float | None:
     """More rounds for the undecided knobs, where the budget left holds them: a knob about to
     be dropped although its median contribution clears ``HELPS`` (the screening's bar for a
@@ -224,22 +225,16 @@ def _settle(
         return None
     keys = [WINNER] + [f"without {k}" for k in undecided]
     done = min(len(runs[k]) for k in keys)
-    extra = budget.more_rounds(done, arms=len(keys))
+    extra = bench.budget.more_rounds(done, arms=len(keys))
     if extra < 2:
         return None
-    emit(
+    bench.emit(
         Note(
             f"Undecided ({', '.join(undecided)}: a gain beyond {HELPS:.0%} whose interval reaches "
             f"1): {extra} more interleaved rounds of the winner and the winner without it"
         )
     )
-    more = measure_interleaved(
-        keys,
-        interleave(keys, extra),
-        lambda key: measure(number, configs[key], measure=short),
-        emit,
-        essential=WINNER,
-    )
+    more = bench.interleaved(keys, interleave(keys, extra))
     if more is None:
         return None
     new, new_failed, timed_s = more
@@ -313,33 +308,21 @@ def _say(record: AblationRecord, emit: Emit) -> None:
         emit(Note(f"  without {', '.join(record.joint.knobs)} at once: {record.joint.why}"))
 
 
-def _check_joint(
-    number: int,
-    knobs: list[str],
-    winner: TrialConfig,
-    reduced: TrialConfig,
-    rounds: int,
-    short: MeasureSettings,
-    budget: Budget,
-    measure: Measurer,
-    emit: Emit,
-) -> JointCheck:
+def _check_joint(bench: _Bench, knobs: list[str], reduced: TrialConfig, rounds: int) -> JointCheck:
     """The winner against ``reduced``: the winner with ``knobs`` (each of which failed to prove
     itself alone) set back at once, interleaved over at most ``rounds`` rounds. The knobs go
     back in (``kept_back``) when dropping them together costs more than the noise, or when the
     check cannot be made (too little budget left, a run failed): what is exported is then a
     measured configuration, the winner."""
-    n = min(rounds, budget.ablation_rounds(1))
+    n = min(rounds, bench.budget.ablation_rounds(1))
     if n < 2:
         why = "not measured together (no budget left): kept"
         return JointCheck(knobs=knobs, rounds=n, kept_back=True, why=why)
-    keys = [WINNER, REDUCED]
-    order = interleave(keys, n)
-    emit(Note(f"Measuring trial {number} {REDUCED} ({', '.join(knobs)}) once more: {n} rounds"))
-    configs = {WINNER: winner, REDUCED: reduced}
-    done = measure_interleaved(
-        keys, order, lambda k: measure(number, configs[k], measure=short), emit, essential=WINNER
+    bench.emit(
+        Note(f"Measuring trial {bench.number} {REDUCED} ({', '.join(knobs)}) once more: {n} rounds")
     )
+    keys = [WINNER, REDUCED]
+    done = bench.with_config(REDUCED, reduced).interleaved(keys, interleave(keys, n))
     if done is None or done[1]:
         return JointCheck(
             knobs=knobs, rounds=n, kept_back=True, why="a run of the check failed: kept"
