@@ -1,7 +1,8 @@
 """The limit probe inside a rank: where one configuration's step time goes, and what the same
 hardware does with communication taken out, or with nothing but communication.
 
-``probe(session, steps, settings)`` runs after the warm-up, in this order, every rank at once:
+``probe(session, steps, step_s, settings)`` runs after the warm-up, in this order, every rank at
+once:
 
 1. DDP steps (two windows' worth, ``MIN_STEPS`` to ``MAX_STEPS``; where steps are slow,
    ``FEWEST_STEPS`` that take ``PROBE_S`` or more do), each phase timed (data, forward,

@@ -425,16 +425,12 @@ class Screening:
         trials = self.study.get_trials(deepcopy=False)
         return self._todo(trials, [t for t in trials if t.state != TrialState.WAITING])[0]
 
-    def lever(self, trials: list[optuna.trial.FrozenTrial]) -> Prior | None:
-        """The prior whose screening trial (moved alone, COMPLETE) beats the median of the
-        defaults' runs so far by ``LEVER`` or more, the fastest such; None before one did."""
-        found = self._lever_trial(trials)
-        return None if found is None else found[1]
-
     def _lever_trial(
         self, trials: list[optuna.trial.FrozenTrial]
     ) -> tuple[optuna.trial.FrozenTrial, Prior] | None:
-        """``lever``'s prior with its screening trial."""
+        """The lever's screening trial and prior: the prior whose screening trial (moved
+        alone, COMPLETE) beats the median of the defaults' runs so far by ``LEVER`` or more,
+        the fastest such; None before one did."""
         runs = [throughput(t) for t in anchors(self.study)]
         if not runs:
             return None
