@@ -87,8 +87,9 @@ def candidates(
     """The ``top`` COMPLETE trials fastest against the defaults measured nearest to each in
     time (``record.study.anchored_speedup``) and above them, one per configuration, by key
     ``trial N``; never the defaults themselves, nor a point of ``rejected`` (measured by an
-    earlier re-validation of this run and not borne out: ``rejected``), nor a trial that
-    only adds knobs to a leaner one (``passenger``)."""
+    earlier re-validation of this run and not borne out: ``rejected``), nor a trial that adds
+    a numerics-changing setting to a leaner one and reads within ``HELPS`` of it
+    (``passenger``)."""
     base = baseline_trial(study)
     if base is None:
         return {}
