@@ -145,7 +145,7 @@ def ablate(
         return None
     runs, failed, timed_s = done
     contributions, together = _contributions(options, runs, failed, winner.params)
-    more = _settle(bench, contributions, together, runs, failed)
+    more = _settle(bench, contributions, runs, failed)
     if more is not None:
         timed_s += more
         contributions, together = _contributions(options, runs, failed, winner.params)
@@ -202,7 +202,6 @@ def _drop_unproven(
 def _settle(
     bench: _Bench,
     contributions: dict[str, Contribution],
-    together: bool,
     runs: dict[str, list[float]],
     failed: dict[str, str],
 ) -> float | None:
@@ -216,10 +215,10 @@ def _settle(
     their seconds inside timed windows, None when none were measured. One extension, of a fixed
     size, decided before it is measured: a knob whose gain is nothing can still be kept, as in
     any test, at the stated confidence."""
-    undecided = [
+    undecided = [  # when no knob passed alone, all are kept together: none is undecided
         k
         for k, c in contributions.items()
-        if not together and not c.kept and c.speedup is not None and c.speedup[1] > 1 + HELPS
+        if not c.kept and c.speedup is not None and c.speedup[1] > 1 + HELPS
     ]
     if not undecided:
         return None

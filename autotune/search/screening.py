@@ -409,7 +409,7 @@ class Screening:
             screened = [t for t in ours if tr.screen_label(t) is not None]
             if self.untried() or not screened or any(not t.state.is_finished() for t in screened):
                 return False
-            kept, moves = _combine(self._summary(screened))
+            kept, moves = _combine(self._summary(trials, screened))
             params = moved(self.space, moves) if len(kept) >= 2 else None
             self.hurry = params is not None and params not in [t.params for t in trials]
             return self.hurry
@@ -509,7 +509,7 @@ class Screening:
                 return None
             if any(not t.state.is_finished() for t in screened + again):
                 return None  # a concurrent trial of ours is still running
-            summary = self._summary(screened)
+            summary = self._summary(trials, screened)
             save_screening(self.study, summary)
             kept, moves = _combine(summary)
             params = moved(self.space, moves) if len(kept) >= 2 else None
@@ -542,13 +542,15 @@ class Screening:
                 tr.enqueue(self.study, params, fold=s.label)
                 return
 
-    def _summary(self, screened: list[optuna.trial.FrozenTrial]) -> dict[str, ScreenEffect]:
+    def _summary(
+        self, trials: list[optuna.trial.FrozenTrial], screened: list[optuna.trial.FrozenTrial]
+    ) -> dict[str, ScreenEffect]:
         """Each screened prior: its trial, state, speedup over the baseline and whether it
         helps (on top of a lever: its gain over the trial it was stacked on)."""
         # the defaults as measured before and after the screening trials
         runs = [throughput(t) for t in anchors(self.study)]
         base_value = statistics.median(runs) if runs else None
-        found = self._lever_trial(self.study.get_trials(deepcopy=False))
+        found = self._lever_trial(trials)
         by_number = {t.number: t for t in screened}
         out: dict[str, ScreenEffect] = {}
         for t in screened:
