@@ -281,13 +281,15 @@ def test_on_the_recorded_300_mbit_landscape_smaller_buckets_are_screened_on_top_
     """Replayed on the lab's recorded 300 Mbit landscape at 5 minutes: the fp16 hook is the
     lever, 5 MB buckets are screened on top of it next (the model had skipped them: at most
     1.001x predicted, 1.035x measured), and the export has both (the hook alone is 0.953 of
-    the best point, with the buckets 0.983 or more)."""
+    the best point, with the buckets 0.983 or more). Seed 34 screens bucket views and bf16 on
+    top of the hook too, all within 1 % of each other: the re-validation measures three of
+    them side by side (it measured the one that read highest, the hook with views, 0.953)."""
     from autotune.record import trial as tr
     from autotune.replay.simulate import Landscape, replay
 
     land = Landscape.load(REPO / "bench" / "landscapes" / "lab-300mbit.json")
     best = land.oracle()[1]
-    for seed in range(4):
+    for seed in (*range(4), 34):
         r = replay(land, seed=seed, n_trials=100000, budget_s=300.0)
         on_top = [t for t in r.study.trials if tr.on_top(t) == "comm_hook=fp16"]
         assert on_top and tr.screen_label(on_top[0]) == "bucket_cap_mb=5", seed

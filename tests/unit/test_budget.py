@@ -169,11 +169,30 @@ def test_what_the_search_leaves_goes_to_more_rounds_and_what_follows_keeps_its_s
     now[0] = 180 - 84  # 84 s left
     limit = b.limit_reserve_s(3.5)
     top, rounds = b.validation_plan()
-    assert (top, rounds) == (2, 7) and (top + 1) * rounds * 3.5 <= 84 - limit
+    # the candidates the plan's third left out come back first, then rounds the room holds
+    assert (top, rounds) == (3, 5) and (top + 1) * rounds * 3.5 <= 84 - limit
     assert (top + 1) * (rounds + 1) * 3.5 > 84 - limit  # every round the room holds
     # an ablation of 2 knobs to follow: its 3 runs a round over the plan's 5 rounds stay free
     top, rounds = b.validation_plan(ablate=2)
     assert (top + 1) * rounds * 3.5 <= 84 - limit - 3 * 5 * 3.5
+
+
+def test_room_beyond_the_plan_measures_the_other_candidates_before_more_rounds():
+    """A replayed 5-minute run at 300 Mbit: the budget's third held one candidate over 3
+    rounds; the search stopped with 163 s of room, and the plan grew to 6 rounds of that one
+    against the defaults (a 1.86x gain 3 rounds had told). The same room holds the three
+    partners of the lever within the noise of each other over those 3 rounds."""
+    now = [0.0]
+    d = StudyDefinition(name="t", budget_s=300, validate_top=3, validate_rounds=5)
+    b = Budget(d, clock=lambda: now[0])
+    b.trial_done(18.0, rerun_wall_s=13.5)
+    assert validation_plan(d, 300, 13.5) == (1, 3)
+    now[0] = 300 - 163 - b.limit_reserve_s(13.5)
+    assert b.validation_plan() == (3, 3)  # 4 x 3 x 13.5 = 162 s
+    # a candidate comes back only at the plan's rounds: where two over 3 rounds do not fit
+    # (121.5 s), the one gets the rounds the room holds
+    now[0] = 300 - 108 - b.limit_reserve_s(13.5)
+    assert b.validation_plan() == (1, 4)
 
 
 def test_the_choice_comes_first_when_what_follows_would_leave_it_no_room():
