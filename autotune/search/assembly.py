@@ -69,13 +69,14 @@ class Assembly:
     search: Search
     emit: Emit
 
-    def ablate_planned(self) -> tuple[int, int | None]:
-        """Knobs the ablation of the best candidate would take, and the rounds the reserve
-        sized it for (``stop.reserve_for``): the re-validation leaves that share."""
-        _, knobs, rounds = reserve_for(
+    def ablate_planned(self) -> tuple[int, int | None, None, int]:
+        """Knobs the ablation of the best candidate would take and the rounds the reserve
+        sized it for, which the re-validation leaves it, and the candidates that could still
+        win (``stop.reserve_for``): ``Budget.validation_plan``'s arguments."""
+        contenders, knobs, rounds = reserve_for(
             self.study, self.space.baseline_params(), self.definition, self.search.rejected
         )
-        return knobs, rounds
+        return knobs, rounds, None, contenders
 
     def conclude(self) -> None:
         """What follows the search (module doc): re-validate and ablate (``_choose``); where

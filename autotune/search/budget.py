@@ -54,15 +54,18 @@ def _shrunk(top: int, rounds: int, run_wall_s: float, room: float) -> tuple[int,
 
 
 def _grown(top: int, rounds: int, most: int, run_wall_s: float, room: float) -> tuple[int, int]:
-    """``top`` candidates over ``rounds`` rounds grown into ``room`` seconds: rounds up to
-    ``PRECISE_ROUNDS``, then candidates up to ``most`` (``validate_top``), then rounds up to
-    ``MAX_ROUNDS``. The candidates after the lever are often its partners within the noise of
-    each other: each more round of one candidate against the defaults tells a gain the first
-    rounds told already, while measuring the others beside it decides between them. On the
-    recorded 300 Mbit landscape at 5 minutes, a plan cut to one candidate for the budget's
-    third grew to 6 rounds of the hook with bucket views (0.953 of the best) against the
-    defaults, where 3 rounds of it, the hook with 5 MB buckets (0.983) and the hook alone fit
-    the same room."""
+    """``top`` candidates over ``rounds`` rounds grown into ``room`` seconds, where ``most``
+    candidates could still win: rounds up to ``PRECISE_ROUNDS``, then candidates up to
+    ``most``, then rounds up to ``MAX_ROUNDS``; rounds past ``PRECISE_ROUNDS`` are given up
+    for a candidate that could still win. The candidates after the lever are often its
+    partners within the noise of each other: each more round of one candidate against the
+    defaults tells a gain the first rounds told already, while measuring the others beside it
+    decides between them. On the recorded 300 Mbit landscape a plan cut to one candidate grew
+    to 6 rounds of the hook with bucket views (0.953 of the best) against the defaults, where
+    3 rounds of it, the hook with 5 MB buckets (0.983) and the hook alone fit the same room
+    (seeds at 0.98 of the best, 5 and 10 minutes: 82 % -> 100 %)."""
+    if top < most:  # rounds past PRECISE_ROUNDS are worth less than a contender measured
+        rounds = min(rounds, PRECISE_ROUNDS)
     while (
         rounds < min(PRECISE_ROUNDS, MAX_ROUNDS) and (top + 1) * (rounds + 1) * run_wall_s <= room
     ):
@@ -235,7 +238,11 @@ class Budget:
             return statistics.fmean(self._reruns_seen) if self._reruns_seen else None
 
     def validation_plan(
-        self, ablate: int = 0, rounds: int | None = None, as_is: bool | None = None
+        self,
+        ablate: int = 0,
+        rounds: int | None = None,
+        as_is: bool | None = None,
+        contenders: int | None = None,
     ) -> tuple[int, int] | None:
         """(candidates, rounds) of the re-validation at the end of the run; None when no
         trial has ended yet or re-validation does not fit (``validation_plan``). Asked once
@@ -251,7 +258,9 @@ class Budget:
         fewer candidates first, then fewer rounds (at least 2), else None: a budget is kept,
         not overrun. Where that room holds more than planned, it grows (``_grown``): rounds to
         ``PRECISE_ROUNDS``, candidates back to ``validate_top``, then rounds to ``MAX_ROUNDS``:
-        what the search left unspent goes to the choice and its precision, not back unused."""
+        what the search left unspent goes to the choice and its precision, not back unused.
+        ``contenders``: the candidates that could still win (``stop.reserve_for``), at most
+        ``validate_top``; None: ``validate_top``."""
         medians = self._medians()
         if medians is None:
             return None
@@ -272,7 +281,8 @@ class Budget:
         top, rounds = _shrunk(*plan, run, room)
         if (top + 1) * rounds * run > room:
             return None
-        return _grown(top, rounds, self.d.validate_top, run, room)
+        most = self.d.validate_top if contenders is None else min(contenders, self.d.validate_top)
+        return _grown(top, rounds, max(most, 1), run, room)
 
     @staticmethod
     def _ablation_s(knobs: int, rounds: int, run_wall_s: float) -> float:

@@ -195,6 +195,25 @@ def test_room_beyond_the_plan_measures_the_other_candidates_before_more_rounds()
     assert b.validation_plan() == (1, 4)
 
 
+def test_candidates_that_could_still_win_are_measured_before_rounds_past_the_precise_ones():
+    """A replayed 10-minute run at 300 Mbit: the plan was one candidate over 7 rounds; beside
+    the ablation's share the room held 6 rounds of the one that read highest, the hook with
+    bucket views (0.953 of the best), against the defaults, while three trials of the hook
+    and a partner could each still win. 3 rounds of the three fit the same room; where one
+    alone could win, its rounds stay."""
+    now = [0.0]
+    d = StudyDefinition(name="t", budget_s=600, validate_top=3, validate_rounds=5)
+    b = Budget(d, clock=lambda: now[0])
+    b.trial_done(18.0, rerun_wall_s=13.6)
+    assert validation_plan(d, 600, 13.6) == (1, 7)
+    now[0] = 120  # 480 s left
+    room = 480 - b.limit_reserve_s(13.6) - Budget._ablation_s(2, 7, 13.6)
+    assert b.validation_plan(ablate=2, contenders=1) == (1, 6)  # 2 x 6 x 13.6 <= room
+    assert b.validation_plan(ablate=2, contenders=3) == (3, 3)
+    assert 4 * 3 * 13.6 <= room < 4 * 4 * 13.6
+    assert b.validation_plan(ablate=2, contenders=2) == (2, 4)  # 3 x 4 x 13.6 = 163.2
+
+
 def test_the_choice_comes_first_when_what_follows_would_leave_it_no_room():
     """A replayed 5-minute lab run screened past its reserve (a prior beyond the noise was
     untried) and stopped with 156 s left: the ablation's share (225 s) left the re-validation

@@ -654,10 +654,10 @@ def test_a_reserve_that_can_no_longer_buy_a_re_validation_goes_to_more_trials(mo
 
 
 def test_an_undecided_knob_gets_more_rounds_before_the_ablation_drops_it(monkeypatch):
-    """The recorded 1 Gbit landscape at 5 minutes: the winner is the fp16 hook with bf16 and
-    5 MB buckets (0.994 of the best point); 4 ablation rounds put 5 MB buckets at 1.033x
-    [0.999, 1.068] and dropped them (0.965 exported), then spent 6 rounds on the winner
-    against the defaults. Now those rounds settle the knob first."""
+    """The recorded 1 Gbit landscape at 5 minutes (seed 1): the winner is the fp16 hook with bf16
+    and 5 MB buckets (0.994 of the best point); 4 ablation rounds put 5 MB buckets at 1.025x
+    [0.999, 1.052] (a true 1.03x) and dropped them (0.965 exported). Now 6 more rounds settle
+    the knob first (1.036x [1.025, 1.048], kept)."""
     from autotune.core.events import Note
     from autotune.replay.simulate import Landscape
     from autotune.search import ablation
@@ -667,7 +667,7 @@ def test_an_undecided_knob_gets_more_rounds_before_the_ablation_drops_it(monkeyp
     def run():
         notes: list[str] = []
         emit = lambda e: notes.append(e.text) if isinstance(e, Note) else None  # noqa: E731
-        r = replay(lab, seed=2, n_trials=100000, budget_s=300, emit=emit)
+        r = replay(lab, seed=1, n_trials=100000, budget_s=300, emit=emit)
         return r, r.study.user_attrs["ablation"], notes
 
     r, record, notes = run()
