@@ -38,6 +38,8 @@ import itertools
 import json
 import os
 import random
+import statistics
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -53,6 +55,7 @@ from autotune.launch.launcher import TrialRunner
 from autotune.limit.probe import probe_one
 from autotune.rank.workload import load_workload
 from autotune.replay.simulate import point_key
+from autotune.search.first_look import probe_steps
 
 HERE = Path(__file__).resolve().parent
 
@@ -80,6 +83,12 @@ def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
         dict(zip(names, combo, strict=True))
         for combo in itertools.product(*(grid[n] for n in names))
     ]
+
+
+def _median(run: dict[str, Any]) -> float | None:
+    """A ``measure`` record's median window (samples/s); None when the run failed."""
+    windows = run.get("windows")
+    return statistics.median(windows) if windows else None
 
 
 def main() -> None:
@@ -155,7 +164,10 @@ def main() -> None:
         else:
             out["hardware"] = here
 
-        def first_measurement(r: TrialRunner) -> dict[str, Any]:
+        def first_measurement(r: TrialRunner, baseline: dict[str, Any]) -> dict[str, Any]:
+            """The defaults' probe in ``r``'s warm processes, right after ``baseline`` (a
+            ``measure`` of the defaults there)."""
+
             def run(trial: int, config: TrialConfig, limit: dict[str, Any]) -> Any:
                 return r.run(
                     trial=trial,
@@ -168,15 +180,25 @@ def main() -> None:
                     limit=limit,
                 )
 
-            rec = probe_one(run, 0, base_cfg, device=hw["device"])
+            # as ``autotune run`` takes it (``search.first_look``): the steps its baseline's
+            # step time gives, and a Chrome trace of the defaults' steps
+            with tempfile.TemporaryDirectory() as tmp:
+                rec = probe_one(
+                    run,
+                    0,
+                    base_cfg,
+                    device=hw["device"],
+                    steps=probe_steps(_median(baseline), target.global_batch),
+                    trace=Path(tmp) / "baseline.trace.json",
+                )
+            rec.pop("trace", None)  # a path that no longer exists
             rec["measured_at"] = time.strftime("%Y-%m-%d")
             rec["hardware"] = here
             print("first measurement", json.dumps(rec["bounds"]), rec["wall_s"], flush=True)
             return rec
 
         if a.probe_only:  # the pool warm, as after a run's baseline trial
-            measure(first, base_cfg, 0)
-            out["first_measurement"] = first_measurement(first)
+            out["first_measurement"] = first_measurement(first, measure(first, base_cfg, 0))
             save()
             first.close()
             return
@@ -195,7 +217,7 @@ def main() -> None:
         cold["fresh_again"] = [measure(third, base_cfg, 5)]
         out["cold_baseline"] = cold
         print(json.dumps(cold), flush=True)
-        out["first_measurement"] = first_measurement(third)
+        out["first_measurement"] = first_measurement(third, cold["fresh_again"][0])
         save()
         # The grid, interleaved by round.
         points = grid_points(grid)

@@ -42,7 +42,14 @@ from autotune.core.config import MeasureSettings
 from autotune.core.knobs import HALF_HOOKS
 from autotune.rank.session import PHASES, Session
 
-__all__ = ["PROBE_WARMUP_STEPS", "PROFILED_STEPS", "probe", "probe_steps", "probe_warmup"]
+__all__ = [
+    "PROBE_WARMUP_STEPS",
+    "PROFILED_STEPS",
+    "least_steps",
+    "probe",
+    "probe_steps",
+    "probe_warmup",
+]
 
 #: DDP steps (and as many bare ones) the probe times: two windows' worth, within these. Fewer
 #: let one slow step of a loaded machine move the mean: with 3 steps the default MLP's probe
@@ -201,12 +208,21 @@ def probe_warmup(m: MeasureSettings) -> MeasureSettings:
     )
 
 
+def least_steps(step_s: float) -> int:
+    """The fewest DDP steps a probe times at ``step_s`` seconds a step: ``MIN_STEPS``, or where
+    steps are slow as many as take ``PROBE_S`` (at least ``FEWEST_STEPS``). The first
+    measurement times this many (``search.first_look``): it orders the screening, and every
+    screening trial waits for it."""
+    if step_s <= 0:
+        return MIN_STEPS
+    return min(MIN_STEPS, max(FEWEST_STEPS, math.ceil(PROBE_S / step_s)))
+
+
 def probe_steps(steps: int, step_s: float) -> int:
     """The DDP steps the probe times (and as many bare ones), for ``steps`` steps per window
-    of ``step_s`` seconds each: two windows' worth, at least ``MIN_STEPS`` or as many as take
-    ``PROBE_S`` (at least ``FEWEST_STEPS``), at most ``MAX_STEPS``."""
-    enough = max(FEWEST_STEPS, math.ceil(PROBE_S / step_s)) if step_s > 0 else MIN_STEPS
-    return min(max(2 * steps, min(MIN_STEPS, enough)), MAX_STEPS)
+    of ``step_s`` seconds each: two windows' worth, at least ``least_steps``, at most
+    ``MAX_STEPS``."""
+    return min(max(2 * steps, least_steps(step_s)), MAX_STEPS)
 
 
 def probe(

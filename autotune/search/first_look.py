@@ -14,7 +14,6 @@ the run reuses.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +34,7 @@ from autotune.record.typed import RecordError
 from autotune.search.budget import Budget
 from autotune.search.screening import HELPS, plan
 
-__all__ = ["FIRST_PROBE_S", "first_measurement"]
-
-#: Seconds of DDP steps (and as many bare ones) the first measurement times, within
-#: ``rank.limit_probe``'s step bounds: a breakdown needs a few steps, not two windows of slow ones.
-FIRST_PROBE_S = 8.0
+__all__ = ["first_measurement", "probe_steps"]
 
 
 def first_measurement(
@@ -101,15 +96,18 @@ def _stored(study: optuna.Study, emit: Emit) -> Evidence | None:
     return ev
 
 
-def _probe_steps(base: optuna.trial.FrozenTrial, global_batch: int) -> int | None:
-    """DDP steps for the first measurement: about ``FIRST_PROBE_S`` of them at the baseline's
-    step time, at least 4 and at most the probe's own least (None: unknown)."""
-    value = base.values[0] if base.values else None
-    if not value or value <= 0:
+def probe_steps(samples_per_s: float | None, global_batch: int) -> int | None:
+    """DDP steps (and as many bare ones) for the first measurement, at the baseline's step
+    time: the probe's fewest (``rank.limit_probe.least_steps``: 8, or as many as take 4 s
+    where steps are slow, at least 4), not two windows' worth; None: unknown. A breakdown
+    needs a few steps, and every screening trial waits for them: about 8 s of steps, as
+    before, took 7 of a 1.3 s step at 500 Mbit where 4 take the probe's 4 s.
+    ``samples_per_s``: the baseline's throughput."""
+    if not samples_per_s or samples_per_s <= 0:
         return None
-    from autotune.rank.limit_probe import MIN_STEPS
+    from autotune.rank.limit_probe import least_steps
 
-    return max(4, min(MIN_STEPS, math.ceil(FIRST_PROBE_S / (global_batch / value))))
+    return least_steps(global_batch / samples_per_s)
 
 
 def _probe_defaults(
@@ -150,7 +148,7 @@ def _probe_defaults(
             trace=trace,
             free_batch=d.free_batch,
             device=device,
-            steps=_probe_steps(base, space.target.global_batch),
+            steps=probe_steps(base.values[0] if base.values else None, space.target.global_batch),
         )
         ev = Evidence.from_probe(record, device=device, noise=max(tr.rel_noise(base), HELPS))
     except (TrialFailed, KeyError, TypeError, ValueError, ZeroDivisionError) as e:

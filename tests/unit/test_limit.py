@@ -434,3 +434,19 @@ def test_the_probe_times_eight_steps_unless_fewer_slow_ones_take_long_enough():
     assert probe_steps(2, 2.04) == 4 and probe_steps(3, 2.04) == 6  # never under two windows
     assert probe_steps(1000, 0.001) == 200  # MAX_STEPS
     assert probe_steps(2, 0.0) == MIN_STEPS  # a step too quick to time
+
+
+def test_the_first_measurement_times_the_probes_fewest_steps():
+    """The first measurement (the defaults' probe that orders the screening) times the
+    probe's fewest steps at the baseline's step time, not two windows' worth and not "about
+    8 s" of them: at 500 Mbit (1.3 s a step) a real run's first measurement took 24 s with 7
+    steps, where the probe's own rule takes 4."""
+    from autotune.rank.limit_probe import MIN_STEPS, least_steps
+    from autotune.search.first_look import probe_steps
+
+    batch = 128
+    assert probe_steps(batch / 1.29, batch) == least_steps(1.29) == 4  # 500 Mbit
+    assert probe_steps(batch / 0.72, batch) == 6  # 1 Gbit: 4 s of steps
+    assert probe_steps(batch / 0.21, batch) == MIN_STEPS  # loopback: 8, not two windows
+    assert probe_steps(batch / 2.03, batch) == 4  # 300 Mbit: never fewer than 4
+    assert probe_steps(None, batch) is None and probe_steps(0.0, batch) is None
