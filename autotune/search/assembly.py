@@ -69,14 +69,14 @@ class Assembly:
     search: Search
     emit: Emit
 
-    def ablate_planned(self) -> tuple[int, int | None, None, int]:
-        """Knobs the ablation of the best candidate would take and the rounds the reserve
-        sized it for, which the re-validation leaves it, and the candidates that could still
-        win (``stop.reserve_for``): ``Budget.validation_plan``'s arguments."""
+    def validation_plan(self) -> tuple[int, int] | None:
+        """The re-validation's (candidates, rounds) now (``Budget.validation_plan``), for
+        what the reserve kept (``stop.reserve_for``): the candidates that could still win,
+        and the knobs and rounds of the best one's ablation, whose share it leaves."""
         contenders, knobs, rounds = reserve_for(
             self.study, self.space.baseline_params(), self.definition, self.search.rejected
         )
-        return knobs, rounds, None, contenders
+        return self.budget.validation_plan(knobs, rounds, contenders=contenders)
 
     def conclude(self) -> None:
         """What follows the search (module doc): re-validate and ablate (``_choose``); where
@@ -108,7 +108,7 @@ class Assembly:
             checked = revalidate(
                 study=self.study,
                 definition=self.definition,
-                plan=self.budget.validation_plan(*self.ablate_planned()),
+                plan=self.validation_plan(),
                 measure=self.measure,
                 emit=self.emit,
                 defaults=self.space.defaults(),

@@ -66,9 +66,7 @@ def _grown(top: int, rounds: int, most: int, run_wall_s: float, room: float) -> 
     (seeds at 0.98 of the best, 5 and 10 minutes: 82 % -> 100 %)."""
     if top < most:  # rounds past PRECISE_ROUNDS are worth less than a contender measured
         rounds = min(rounds, PRECISE_ROUNDS)
-    while (
-        rounds < min(PRECISE_ROUNDS, MAX_ROUNDS) and (top + 1) * (rounds + 1) * run_wall_s <= room
-    ):
+    while rounds < PRECISE_ROUNDS and (top + 1) * (rounds + 1) * run_wall_s <= room:
         rounds += 1
     while top < most and (top + 2) * rounds * run_wall_s <= room:
         top += 1
