@@ -329,7 +329,11 @@ class Search:
             "budget",
             f"{left:.0f} s left does not hold a trial ({wall:.0f} s) and the {kept:.0f} s kept "
             f"for re-validating {what}"
-            + (f" and ablating {ablate} knobs" if qualify and ablate >= 2 else "")
+            + (
+                f" and ablating {ablate} knobs"
+                if qualify and ablate >= 2 and self.budget.reserve_keeps_ablation()
+                else ""
+            )
             + (" and the limit probe" if self.budget.limit_runs else ""),
             kept_s=kept,
         )

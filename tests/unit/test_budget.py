@@ -229,6 +229,25 @@ def test_the_choice_comes_first_when_what_follows_would_leave_it_no_room():
     assert (plan[0] + 1) * plan[1] * 15.0 <= 156 - b.limit_reserve_s(15.0)
 
 
+def test_where_the_plan_has_fewer_than_precise_rounds_the_reserve_keeps_them_not_an_ablation():
+    """A 4-minute budget of 20 s runs plans one candidate over 2 rounds: the end never keeps
+    an ablation's share beside so short a re-validation, it takes the share for the choice's
+    rounds. The reserve kept 240 s for a 3-knob ablation (more than the budget) and the search
+    stopped; it keeps what the end will do instead, the third round."""
+    now = [0.0]
+    d = StudyDefinition(name="t", budget_s=240, validate_top=3, validate_rounds=5)
+    b = Budget(d, clock=lambda: now[0])
+    b.trial_done(20.0, rerun_wall_s=20.0)
+    assert validation_plan(d, 240, 20.0) == (1, 2)
+    limit = b.limit_reserve_s(20.0)
+    kept = b.reserve_s(to_revalidate=1, ablate=3, rounds=3)
+    assert kept == pytest.approx(2 * 3 * 20.0 + limit)  # not 2 x 2 x 20 + 6 x 2 x 20
+    assert b.reserve_s(to_revalidate=1, ablate=0, rounds=3) == pytest.approx(2 * 2 * 20 + limit)
+    assert not b.reserve_keeps_ablation()  # the stop's line does not say it keeps one
+    now[0] = 240 - kept  # the search stopped with exactly the reserve left
+    assert b.validation_plan(ablate=3, rounds=3) == (1, 3)  # what the reserve kept it for
+
+
 def test_the_end_keeps_the_ablation_the_share_the_reserve_kept_for_it():
     """The reserve sizes the ablation at the rounds the best candidate's gain needs (3 here),
     not the plan's 8: the end keeps that share, so the re-validation does not take it all."""
@@ -237,6 +256,7 @@ def test_the_end_keeps_the_ablation_the_share_the_reserve_kept_for_it():
     b = Budget(d, clock=lambda: now[0])
     b.trial_done(6.0, rerun_wall_s=6.0)  # plan (3, 8)
     kept = b.reserve_s(to_revalidate=1, ablate=3, rounds=3)
+    assert b.reserve_keeps_ablation()
     now[0] = 600 - kept  # the search stopped with exactly the reserve left
     top, rounds = b.validation_plan(ablate=3, rounds=3)
     ablation = 6 * 3 * 6.0  # 6 runs a round (3 knobs), 3 rounds, 6 s each
