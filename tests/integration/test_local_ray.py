@@ -5,6 +5,7 @@ while it starts - ends what it started and nothing else."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -213,6 +214,16 @@ def test_close_ends_the_instances_processes_and_no_one_elses(tmp_path):
                 end(up[key])
 
 
+def left_in(tmp: Path) -> list[str]:
+    """What is left below ``tmp``: each path, with how many seconds before now it last changed
+    (whether it was written after the driver removed its temp dir)."""
+    now, out = time.time(), []
+    for p in tmp.rglob("*"):
+        with contextlib.suppress(OSError):  # removed meanwhile
+            out.append(f"{p.relative_to(tmp)} ({now - p.lstat().st_mtime:.1f} s)")
+    return out
+
+
 @pytest.mark.parametrize("after_s", [1.0, 2.0, 3.0, 4.0])
 def test_sigterm_while_the_local_instance_starts_leaves_nothing(tmp_path, after_s):
     """H-R10: SIGTERM 1 to 4 s into ``connect`` (the raylet starting its agents, Ray's own
@@ -231,7 +242,7 @@ def test_sigterm_while_the_local_instance_starts_leaves_nothing(tmp_path, after_
             driver.kill()
         assert group_of(driver.pid) == [], out
         assert not marked_with(f"{driver.pid}-"), out
-        assert wait_for(lambda: list(tmp.iterdir()) == [], 5), list(tmp.iterdir())
+        assert wait_for(lambda: list(tmp.iterdir()) == [], 5), left_in(tmp)
         # Ray's SIGTERM handler raises SystemExit, which Python drops when the signal lands in
         # an at-fork callback of Ray's own process starts ("Exception ignored in ..."): then
         # the start goes on, and the driver ends as it does without the signal.
