@@ -144,6 +144,9 @@ def ablate(
         emit(Note("The winner failed during ablation: every knob it changes is kept"))
         return None
     runs, failed, timed_s = done
+    if len(runs[WINNER]) < rounds:  # the winner's run failed: the rounds before it stand
+        rounds = len(runs[WINNER])
+        order = order[: len(keys) * rounds]
     contributions, together = _contributions(options, runs, failed, winner.params)
     more = _settle(bench, contributions, runs, failed)
     if more is not None:

@@ -171,6 +171,11 @@ def _set_aside(record: ValidationRecord | None) -> dict[str, int]:
     return out
 
 
+#: Whole rounds measured before the reference's run fails that still make a comparison
+#: (``measure_interleaved``): a paired interval needs two.
+ESSENTIAL_ROUNDS = 2
+
+
 def measure_interleaved(
     keys: list[str],
     order: list[str],
@@ -183,9 +188,10 @@ def measure_interleaved(
     """Measure each of ``keys`` in the ``order`` given with ``run`` (an interleaved design:
     every key once per round), saying each result (``ValidationRun``); a key whose run fails is not
     measured again. Returns each key's throughputs (a failed key's up to its failure), the
-    failed keys with their reason, and the seconds inside timed windows; None as soon as the
-    ``essential`` key fails (the comparison has no reference then). Re-validation and
-    ablation (``autotune.search.ablation``) both measure this way.
+    failed keys with their reason, and the seconds inside timed windows. When the
+    ``essential`` key's run fails (the comparison's reference), the whole rounds measured
+    before it stand where there are ``ESSENTIAL_ROUNDS`` (``_rounds_before``), else None.
+    Re-validation and ablation (``autotune.search.ablation``) both measure this way.
 
     With ``budget``, a round after the second starts only where the budget left holds it (at
     this comparison's own runs' mean wall time) and the limit probes after it: the plan was
@@ -219,10 +225,11 @@ def measure_interleaved(
         try:
             result = run(key)
         except TrialFailed as e:
-            failed[key] = f"{e.reason}: {e.detail}"
-            emit(ValidationRun(key=key, failure=failed[key]))
+            reason = f"{e.reason}: {e.detail}"
+            emit(ValidationRun(key=key, failure=reason))
             if key == essential:
-                return None
+                return _rounds_before(runs, failed, timed_s, i // size, key, reason, emit)
+            failed[key] = reason
             continue
         runs[key].append(result.throughput)
         walls.append(result.wall_s)
@@ -232,6 +239,31 @@ def measure_interleaved(
         ci = result.interval
         emit(ValidationRun(key=key, throughput=ci.median, rel_half_width=ci.rel_half_width))
     return runs, failed, timed_s
+
+
+def _rounds_before(
+    runs: dict[str, list[float]],
+    failed: dict[str, str],
+    timed_s: float,
+    done: int,
+    essential: str,
+    reason: str,
+    emit: Emit,
+) -> tuple[dict[str, list[float]], dict[str, str], float] | None:
+    """What ``measure_interleaved`` returns when the ``essential`` key's run failed after
+    ``done`` whole rounds: those rounds, where there are ``ESSENTIAL_ROUNDS`` or more (the
+    runs of the round it failed in are left out, so every key keeps one run a round), said in
+    one line; else None. One run of the defaults that timed out while the machine was loaded
+    abandoned a re-validation 27 runs into its 40 and sent half a 10-minute budget back."""
+    if done < ESSENTIAL_ROUNDS:
+        return None
+    emit(
+        Note(
+            f"{essential}: its run in round {done + 1} failed ({reason}); the {done} rounds "
+            "measured before it stand"
+        )
+    )
+    return {k: v[:done] for k, v in runs.items()}, failed, timed_s
 
 
 def revalidate(
@@ -533,9 +565,10 @@ def against_today(
     if done is None:
         return AsIsRecord(reason=f"not measured: its run failed ({failure[-1]})", order=order)
     runs, failed, timed_s = done
+    rounds = len(runs[TODAY])  # fewer than planned where its run failed (measure_interleaved)
     return AsIsRecord(
         rounds=rounds,
-        order=order,
+        order=order[: len(keys) * rounds],
         failed=failed,
         changes=_added(today, base),
         pinned=pinned,

@@ -344,3 +344,54 @@ def test_a_comparison_whose_runs_outlast_the_plan_stops_at_a_round_the_budget_ho
     now[0] = 0.0
     runs, _, _ = measure_interleaved(keys, order, run, said.append, essential="baseline")
     assert len(runs["a"]) == 10
+
+
+def test_a_failed_run_of_the_reference_keeps_the_whole_rounds_measured_before_it():
+    """A real 10-minute run's re-validation was abandoned 27 runs into its 40 when one run of
+    the defaults timed out on a loaded machine, and half the budget went back unused. The
+    whole rounds before the failed run now stand (the failed round's other runs are left out,
+    so every key keeps one run a round); before two whole rounds nothing stands, as before."""
+    from autotune.core.errors import FailureReason, TrialFailed
+    from autotune.core.events import Note
+    from autotune.core.rank_io import RankResult
+    from autotune.core.results import TrialResult
+    from autotune.search.validation import measure_interleaved
+
+    rank = RankResult(
+        **dict.fromkeys(("rank", "pid", "steps", "samples", "steps_per_window"), 1),
+        **dict.fromkeys(("setup_s", "warmup_s", "measure_s", "loss", "peak_memory_mb"), 0.0),
+        applied={},
+        window_s=3.0,
+        windows=[100.0, 101.0, 99.0],
+        warmup_steps=0,
+        stop="cap",
+        loss_curve=[],
+    )
+    keys = ["a", "baseline", "b"]
+    order = [k for _ in range(10) for k in keys]
+
+    def failing_at(n):
+        calls = [0]
+
+        def run(key):
+            calls[0] += 1
+            if key == "baseline" and calls[0] > n:
+                raise TrialFailed(FailureReason.TIMEOUT, "no result after 30s")
+            return TrialResult(ranks=[rank], wall_s=5.0)
+
+        return run
+
+    said: list = []
+    # the baseline's run of round 7 fails (the 20th run): 6 whole rounds stand
+    runs, failed, _ = measure_interleaved(
+        keys, order, failing_at(19), said.append, essential="baseline"
+    )
+    assert {k: len(v) for k, v in runs.items()} == {"a": 6, "baseline": 6, "b": 6}
+    assert not failed
+    (note,) = [e.text for e in said if isinstance(e, Note)]
+    assert note.startswith("baseline: its run in round 7 failed (timeout")
+    assert note.endswith("the 6 rounds measured before it stand")
+    # in the second round: one whole round is no comparison
+    assert (
+        measure_interleaved(keys, order, failing_at(4), said.append, essential="baseline") is None
+    )
