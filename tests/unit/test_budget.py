@@ -306,20 +306,10 @@ def test_a_comparison_whose_runs_outlast_the_plan_stops_at_a_round_the_budget_ho
     runs take longer, it ends after the last round the budget left holds (with the limit
     probes after it) instead of running past the budget, and says so."""
     from autotune.core.events import Note
-    from autotune.core.rank_io import RankResult
     from autotune.core.results import TrialResult
     from autotune.search.validation import measure_interleaved
 
-    rank = RankResult(
-        **dict.fromkeys(("rank", "pid", "steps", "samples", "steps_per_window"), 1),
-        **dict.fromkeys(("setup_s", "warmup_s", "measure_s", "loss", "peak_memory_mb"), 0.0),
-        applied={},
-        window_s=3.0,
-        windows=[100.0, 101.0, 99.0],
-        warmup_steps=0,
-        stop="cap",
-        loss_curve=[],
-    )
+    rank = _rank_result()
 
     now = [0.0]
     d = StudyDefinition(name="t", budget_s=100.0, limit=False)
@@ -353,20 +343,10 @@ def test_a_failed_run_of_the_reference_keeps_the_whole_rounds_measured_before_it
     so every key keeps one run a round); before two whole rounds nothing stands, as before."""
     from autotune.core.errors import FailureReason, TrialFailed
     from autotune.core.events import Note
-    from autotune.core.rank_io import RankResult
     from autotune.core.results import TrialResult
     from autotune.search.validation import measure_interleaved
 
-    rank = RankResult(
-        **dict.fromkeys(("rank", "pid", "steps", "samples", "steps_per_window"), 1),
-        **dict.fromkeys(("setup_s", "warmup_s", "measure_s", "loss", "peak_memory_mb"), 0.0),
-        applied={},
-        window_s=3.0,
-        windows=[100.0, 101.0, 99.0],
-        warmup_steps=0,
-        stop="cap",
-        loss_curve=[],
-    )
+    rank = _rank_result()
     keys = ["a", "baseline", "b"]
     order = [k for _ in range(10) for k in keys]
 
@@ -394,4 +374,20 @@ def test_a_failed_run_of_the_reference_keeps_the_whole_rounds_measured_before_it
     # in the second round: one whole round is no comparison
     assert (
         measure_interleaved(keys, order, failing_at(4), said.append, essential="baseline") is None
+    )
+
+
+def _rank_result():
+    """A rank's result of three 1-second windows at about 100 samples/s."""
+    from autotune.core.rank_io import RankResult
+
+    return RankResult(
+        **dict.fromkeys(("rank", "pid", "steps", "samples", "steps_per_window"), 1),
+        **dict.fromkeys(("setup_s", "warmup_s", "measure_s", "loss", "peak_memory_mb"), 0.0),
+        applied={},
+        window_s=3.0,
+        windows=[100.0, 101.0, 99.0],
+        warmup_steps=0,
+        stop="cap",
+        loss_curve=[],
     )
