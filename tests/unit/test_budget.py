@@ -232,8 +232,8 @@ def test_the_choice_comes_first_when_what_follows_would_leave_it_no_room():
 def test_where_the_plan_has_fewer_than_precise_rounds_the_reserve_keeps_them_not_an_ablation():
     """A 4-minute budget of 20 s runs plans one candidate over 2 rounds: the end never keeps
     an ablation's share beside so short a re-validation, it takes the share for the choice's
-    rounds. The reserve kept 240 s for a 3-knob ablation (more than the budget) and the search
-    stopped; it keeps what the end will do instead, the third round."""
+    rounds. The reserve kept a 3-knob ablation's 240 s (the whole budget) beside them, and the
+    search stopped for it; it keeps what the end will do instead, the third round."""
     now = [0.0]
     d = StudyDefinition(name="t", budget_s=240, validate_top=3, validate_rounds=5)
     b = Budget(d, clock=lambda: now[0])
