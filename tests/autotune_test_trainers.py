@@ -45,6 +45,21 @@ def raising(**options) -> Workload:
     return wl
 
 
+def failing_when(*, flag: str, **options) -> Workload:
+    """The tiny MLP, whose ranks raise while building the model once the file ``flag``
+    exists: a run that fails partway through a comparison, when the test says."""
+    wl = tiny(**options)
+    build = wl.model
+
+    def model():
+        if os.path.exists(flag):
+            raise RuntimeError("failing on purpose: the flag file exists")
+        return build()
+
+    wl.model = model
+    return wl
+
+
 class _RecordPids(torch.utils.data.Dataset):
     """Wraps a dataset; every process that loads a sample (DataLoader workers) leaves its pid."""
 

@@ -10,8 +10,8 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import create_trial
 
-from autotune.core.choice import NO_WINNER_REASON
-from autotune.core.events import Note, ValidationDone, ValidationStarted
+from autotune.core.choice import NO_WINNER_REASON, interleave
+from autotune.core.events import Note, ValidationDone, ValidationRun, ValidationStarted
 from autotune.core.stats import precise, speedup_text
 from autotune.definition.space import SearchSpace
 from autotune.definition.studydef import StudyDefinition
@@ -118,3 +118,55 @@ def test_a_search_winner_that_remeasures_slower_is_not_exported_and_the_job_toda
     assert res["trial 1"]["beats_baseline"] is False
     assert profile.measured["as_is"]["line"] == line
     assert profile.measured["as_is"]["pinned"] == {TODAY: False, "baseline": True}
+
+
+def test_a_failed_run_of_the_defaults_keeps_the_rounds_measured_before_it(runner, tmp_path):
+    """The defaults' run in the third of four rounds fails (its ranks raise while building the
+    model, in real 2-rank gloo trials): the two whole rounds before it stand, said in one
+    line, where a run of the defaults that timed out once abandoned a whole re-validation."""
+    flag = tmp_path / "fail"
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr(ATTR, {"workload": WORKLOAD, "hardware": HARDWARE, "left_out": []})
+    dist = {"micro_batch": CategoricalDistribution([4, 16])}
+    for micro, value, baseline in ((16, 1000.0, True), (4, 1100.0, False)):
+        study.add_trial(
+            create_trial(
+                params={"micro_batch": micro},
+                distributions=dist,
+                value=value,
+                user_attrs={"baseline": baseline, "config": config(micro_batch=micro).to_dict()},
+            )
+        )
+    definition = StudyDefinition(
+        name="t",
+        trainer="autotune_test_trainers:failing_when",
+        trainer_options={"flag": str(flag)},
+        measure=QUICK,
+        seed=0,
+    )
+    events = []
+
+    def emit(event):
+        events.append(event)
+        measured = [e for e in events if isinstance(e, ValidationRun) and e.failure is None]
+        if len(measured) == 4:  # two whole rounds: every run from now on fails
+            flag.touch()
+
+    record = revalidate(
+        study=study,
+        definition=definition,
+        plan=(1, 4),
+        measure=RayMeasurer(study=study, runners=[runner], definition=definition),
+        emit=emit,
+        defaults=SearchSpace.load("default").resolve(TARGET).defaults(),
+    )
+
+    assert record is not None  # not abandoned
+    assert record.order == interleave(["baseline", "trial 1"], 2)
+    assert [len(v) for v in record.measurements.values()] == [2, 2]
+    failures = [e.failure for e in events if isinstance(e, ValidationRun) and e.failure]
+    assert failures[0].startswith("crash") and "flag file" in failures[0]
+    (stood,) = [e.text for e in events if isinstance(e, Note) and "before it stand" in e.text]
+    assert stood.startswith("baseline: its run in round 3 failed (crash")
+    assert stood.endswith("the 2 rounds measured before it stand")
+    assert load(study, ValidationRecord) == record
