@@ -48,8 +48,8 @@ from autotune.record.attrs import (
     save,
 )
 from autotune.search.budget import Budget
+from autotune.search.interleaved import measure_interleaved
 from autotune.search.screening import HELPS
-from autotune.search.validation import measure_interleaved
 
 __all__ = ["PIN", "ablate", "pin_contribution", "variants"]
 

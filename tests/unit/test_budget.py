@@ -307,7 +307,7 @@ def test_a_comparison_whose_runs_outlast_the_plan_stops_at_a_round_the_budget_ho
     probes after it) instead of running past the budget, and says so."""
     from autotune.core.events import Note
     from autotune.core.results import TrialResult
-    from autotune.search.validation import measure_interleaved
+    from autotune.search.interleaved import measure_interleaved
 
     rank = _rank_result()
 
@@ -344,7 +344,7 @@ def test_a_failed_run_of_the_reference_keeps_the_whole_rounds_measured_before_it
     from autotune.core.errors import FailureReason, TrialFailed
     from autotune.core.events import Note
     from autotune.core.results import TrialResult
-    from autotune.search.validation import measure_interleaved
+    from autotune.search.interleaved import measure_interleaved
 
     rank = _rank_result()
     keys = ["a", "baseline", "b"]
