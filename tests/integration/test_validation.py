@@ -47,18 +47,7 @@ def test_a_search_winner_that_remeasures_slower_is_not_exported_and_the_job_toda
 ):
     # The search "saw" trial 1 at 10x the baseline (a lucky, noisy measurement, as the best of
     # many trials is); in truth it runs 4 micro-steps per optimizer step and is slower.
-    study = optuna.create_study(direction="maximize")
-    study.set_user_attr(ATTR, {"workload": WORKLOAD, "hardware": HARDWARE, "left_out": []})
-    dist = {"micro_batch": CategoricalDistribution([4, 16])}
-    for micro, value, baseline in ((16, 1000.0, True), (4, 10_000.0, False)):
-        study.add_trial(
-            create_trial(
-                params={"micro_batch": micro},
-                distributions=dist,
-                value=value,
-                user_attrs={"baseline": baseline, "config": config(micro_batch=micro).to_dict()},
-            )
-        )
+    study = _study(trial_1=10_000.0)
     definition = StudyDefinition(
         name="t", trainer="autotune_test_trainers:tiny", measure=QUICK, seed=0
     )
@@ -125,18 +114,7 @@ def test_a_failed_run_of_the_defaults_keeps_the_rounds_measured_before_it(runner
     model, in real 2-rank gloo trials): the two whole rounds before it stand, said in one
     line, where a run of the defaults that timed out once abandoned a whole re-validation."""
     flag = tmp_path / "fail"
-    study = optuna.create_study(direction="maximize")
-    study.set_user_attr(ATTR, {"workload": WORKLOAD, "hardware": HARDWARE, "left_out": []})
-    dist = {"micro_batch": CategoricalDistribution([4, 16])}
-    for micro, value, baseline in ((16, 1000.0, True), (4, 1100.0, False)):
-        study.add_trial(
-            create_trial(
-                params={"micro_batch": micro},
-                distributions=dist,
-                value=value,
-                user_attrs={"baseline": baseline, "config": config(micro_batch=micro).to_dict()},
-            )
-        )
+    study = _study(trial_1=1100.0)
     definition = StudyDefinition(
         name="t",
         trainer="autotune_test_trainers:failing_when",
@@ -170,3 +148,21 @@ def test_a_failed_run_of_the_defaults_keeps_the_rounds_measured_before_it(runner
     assert stood.startswith("baseline: its run in round 3 failed (crash")
     assert stood.endswith("the 2 rounds measured before it stand")
     assert load(study, ValidationRecord) == record
+
+
+def _study(trial_1: float) -> optuna.Study:
+    """A study of the baseline (micro-batch 16, 1000 samples/s) and trial 1 (micro-batch 4, in
+    truth slower: 4 micro-steps a step) read at ``trial_1`` samples/s by the search."""
+    study = optuna.create_study(direction="maximize")
+    study.set_user_attr(ATTR, {"workload": WORKLOAD, "hardware": HARDWARE, "left_out": []})
+    dist = {"micro_batch": CategoricalDistribution([4, 16])}
+    for micro, value, baseline in ((16, 1000.0, True), (4, trial_1, False)):
+        study.add_trial(
+            create_trial(
+                params={"micro_batch": micro},
+                distributions=dist,
+                value=value,
+                user_attrs={"baseline": baseline, "config": config(micro_batch=micro).to_dict()},
+            )
+        )
+    return study
