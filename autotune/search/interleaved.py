@@ -73,7 +73,8 @@ def measure_interleaved(
             reason = f"{e.reason}: {e.detail}"
             emit(ValidationRun(key=key, failure=reason))
             if key == essential:
-                return _rounds_before(runs, failed, timed_s, i // size, key, reason, emit)
+                kept = _rounds_before(runs, i // size, key, reason, emit)
+                return None if kept is None else (kept, failed, timed_s)
             failed[key] = reason
             continue
         runs[key].append(result.throughput)
@@ -87,19 +88,14 @@ def measure_interleaved(
 
 
 def _rounds_before(
-    runs: dict[str, list[float]],
-    failed: dict[str, str],
-    timed_s: float,
-    done: int,
-    essential: str,
-    reason: str,
-    emit: Emit,
-) -> tuple[dict[str, list[float]], dict[str, str], float] | None:
-    """What ``measure_interleaved`` returns when the ``essential`` key's run failed after
-    ``done`` whole rounds: those rounds, where there are ``ESSENTIAL_ROUNDS`` or more (the
-    runs of the round it failed in are left out, so every key keeps one run a round), said in
-    one line; else None. One run of the defaults that timed out while the machine was loaded
-    abandoned a re-validation 27 runs into its 40 and sent half a 10-minute budget back."""
+    runs: dict[str, list[float]], done: int, essential: str, reason: str, emit: Emit
+) -> dict[str, list[float]] | None:
+    """Each key's throughputs ``measure_interleaved`` keeps when the ``essential`` key's run
+    failed after ``done`` whole rounds: those rounds, where there are ``ESSENTIAL_ROUNDS`` or
+    more (the runs of the round it failed in are left out, so every key keeps one run a
+    round), said in one line; else None. One run of the defaults that timed out while the
+    machine was loaded abandoned a re-validation 27 runs into its 40 and sent half a
+    10-minute budget back."""
     if done < ESSENTIAL_ROUNDS:
         return None
     emit(
@@ -108,4 +104,4 @@ def _rounds_before(
             "measured before it stand"
         )
     )
-    return {k: v[:done] for k, v in runs.items()}, failed, timed_s
+    return {k: v[:done] for k, v in runs.items()}
