@@ -344,6 +344,7 @@ def _search_and_conclude(
                     emit,
                     device=target.device,
                     unsearched=unsearched,
+                    traced=run.traced,
                 )
     except InterruptedAgain:
         raise  # Ctrl-C twice: exit at once, nothing more exported
@@ -379,9 +380,11 @@ def _limit(
     emit: Emit,
     device: str = "cpu",
     unsearched: frozenset[str] = frozenset(),
+    traced: dict[str, Path] | None = None,
 ) -> None:
     """Probe the defaults and the configuration the profile will export (when it differs);
-    the advice names no knob of ``unsearched``."""
+    the advice names no knob of ``unsearched``; ``traced``: the traces the run took already
+    (``Assembly.traced``)."""
     base = baseline_trial(study)
     if base is None or base.state != optuna.trial.TrialState.COMPLETE:
         return
@@ -404,6 +407,8 @@ def _limit(
         emit=emit,
         device=device,
         ruled_out=ruled_out(study) | unsearched,
+        traced=traced,
+        rerun=d.measure.rerun(),
     )
 
 

@@ -39,7 +39,6 @@ import json
 import os
 import random
 import statistics
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -181,17 +180,14 @@ def main() -> None:
                 )
 
             # as ``autotune run`` takes it (``search.first_look``): the steps its baseline's
-            # step time gives, and a Chrome trace of the defaults' steps
-            with tempfile.TemporaryDirectory() as tmp:
-                rec = probe_one(
-                    run,
-                    0,
-                    base_cfg,
-                    device=hw["device"],
-                    steps=probe_steps(_median(baseline), target.global_batch),
-                    trace=Path(tmp) / "baseline.trace.json",
-                )
-            rec.pop("trace", None)  # a path that no longer exists
+            # step time gives, no trace (the run takes the defaults' trace after the search)
+            rec = probe_one(
+                run,
+                0,
+                base_cfg,
+                device=hw["device"],
+                steps=probe_steps(_median(baseline), target.global_batch),
+            )
             rec["measured_at"] = time.strftime("%Y-%m-%d")
             rec["hardware"] = here
             print("first measurement", json.dumps(rec["bounds"]), rec["wall_s"], flush=True)

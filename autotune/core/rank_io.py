@@ -48,6 +48,10 @@ class RankSpec:
     """The limit probe's settings (``autotune.rank.limit_probe.probe``): after the warm-up, time the
     step's phases with and without communication and the all-reduce alone, instead of the
     timed windows. None: a trial."""
+    trace: str | None = None
+    """Where rank 0 writes a Chrome trace of ``PROFILED_STEPS`` DDP steps taken after the timed
+    windows (``autotune.rank.limit_probe.trace_steps``), outside every timed figure. None: no
+    trace."""
 
 
 class NonFiniteLoss(RuntimeError):

@@ -281,12 +281,14 @@ class TrialRunner:
         incumbent: Interval | None = None,
         log_dir: str | None = None,
         limit: dict[str, Any] | None = None,
+        trace: str | None = None,
         fresh: bool = False,
         pin: bool = True,
     ) -> TrialResult:
         """Run one trial; raises TrialFailed with the reason when it produces no result. With
         ``log_dir``, each rank's output goes to ``log_dir/rank-N.log`` for the trial; with
-        ``limit``, the ranks run the limit probe (``RankSpec.limit``) instead of windows.
+        ``limit``, the ranks run the limit probe (``RankSpec.limit``) instead of windows; with
+        ``trace``, rank 0 writes a Chrome trace after them (``RankSpec.trace``).
         ``fresh``: in new rank processes, whatever the pool holds; ``pin=False``: in processes
         that never pinned the allocator (``pool.RankPool``)."""
         self.ensure_placed()
@@ -313,6 +315,7 @@ class TrialRunner:
                 incumbent=incumbent,
                 log_dir=log_dir,
                 limit=limit,
+                trace=trace,
             )
             refs = self._start_ranks(spec, nodes)
             results = self._results(refs, nodes, deadline, timeout_s)

@@ -94,10 +94,13 @@ class Measurer(Protocol):
         measure: MeasureSettings | None = None,
         log_dir: Path | None = None,
         limit: dict[str, Any] | None = None,
+        trace: Path | None = None,
     ) -> TrialResult:
         """One run of ``config`` (trial ``number``), pruned below ``incumbent``, with
         ``measure`` (None: the study's settings), its output in ``log_dir``; with ``limit``,
-        the limit probe. Raises ``TrialFailed``."""
+        the limit probe; with ``trace``, a Chrome trace of a few DDP steps written there after
+        the timed windows (``RankSpec.trace``; a measurer that cannot take one ignores it).
+        Raises ``TrialFailed``."""
 
 
 def checked(number: int, config: TrialConfig) -> None:
@@ -217,10 +220,12 @@ class RayMeasurer:
         measure: MeasureSettings | None = None,
         log_dir: Path | None = None,
         limit: dict[str, Any] | None = None,
+        trace: Path | None = None,
     ) -> TrialResult:
         """One real run of ``config`` (trial ``number``); raises ``TrialFailed``. With
         ``log_dir``, the ranks' output goes there; with ``limit``, it is the limit probe
-        (``autotune.rank.limit_probe``). The configuration is checked once more here, whatever
+        (``autotune.rank.limit_probe``); with ``trace``, rank 0 writes a Chrome trace of a few
+        DDP steps there after the windows. The configuration is checked once more here, whatever
         it came from (``checked``): one out of bounds fails as ``illegal``."""
         checked(number, config)
         return self.runner.run(
@@ -235,4 +240,5 @@ class RayMeasurer:
             incumbent=incumbent,
             log_dir=None if log_dir is None else str(log_dir),
             limit=limit,
+            trace=None if trace is None else str(trace),
         )

@@ -46,9 +46,10 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autotune.core.config import TrialConfig
+from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.errors import FailureReason, TrialFailed
 from autotune.core.events import Emit, Note
+from autotune.core.results import TrialResult
 from autotune.core.values import nbytes, number, seconds, speedup
 from autotune.limit.evidence import COMM_BOUND_SHARE, DATA_BOUND_SHARE, Evidence
 from autotune.record import trial as tr
@@ -71,6 +72,7 @@ __all__ = [
     "no_gain",
     "probe_one",
     "summary_line",
+    "traced_run",
 ]
 
 #: All-reduce rounds of the communication-only measurement (after one unmeasured round).
@@ -338,6 +340,75 @@ def probe_one(
     return record
 
 
+def traced_run(
+    measure: Any,
+    trial: int,
+    config: TrialConfig,
+    path: Path,
+    settings: MeasureSettings,
+    emit: Emit,
+) -> tuple[TrialResult, Path | None]:
+    """A run of ``config`` (trial ``trial``) measured with ``settings`` whose rank 0 writes a
+    Chrome trace of a few DDP steps to ``path`` after its windows (``RankSpec.trace``): its
+    result, and ``path`` where the trace was written (None: it was not). As in ``probe_one``,
+    a traced run whose rank process dies (``crash``: ``torch.profiler``'s results have crashed
+    a rank as it freed them) is taken again without the trace, said in one line; any other
+    failure is the run's (``TrialFailed``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)  # an earlier run's: this record names only its own
+    try:
+        result = measure(trial, config, measure=settings, trace=path)
+    except TrialFailed as e:
+        if e.reason is not FailureReason.CRASH:
+            raise
+        path.unlink(missing_ok=True)
+        emit(
+            Note(
+                f"The run of trial {trial} that took the Chrome trace failed ({e.reason.value}: "
+                f"{e.detail}); measured again without the trace"
+            )
+        )
+        return measure(trial, config, measure=settings), None
+    return result, path if path.exists() else None
+
+
+def _reused(
+    record: dict[str, Any] | None,
+    config: TrialConfig,
+    *,
+    free_batch: bool,
+    device: str,
+    ruled_out: frozenset[str],
+) -> dict[str, Any] | None:
+    """A stored probe ``record`` of ``config`` with its bounds and its advice (``next_step``)
+    as of now; None where there is none, or it cannot be read as a probe's (it may be someone
+    else's: the configuration is probed again)."""
+    if record is None:
+        return None
+    try:
+        advice = next_step(
+            record, config, free_batch=free_batch, device=device, ruled_out=ruled_out
+        )
+        found = dict(bounds=bounds(record), next=advice)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    return {**{k: v for k, v in record.items() if k != "untraced"}, **found}  # untraced: said
+
+
+def _trace_again(
+    measure: Any, trial: int, config: TrialConfig, path: Path, rerun: MeasureSettings, emit: Emit
+) -> Path | None:
+    """The Chrome trace of a reused probe's configuration, in a run of its own
+    (``traced_run``); None, said, where that run fails."""
+    try:
+        return traced_run(measure, trial, config, path, rerun, emit)[1]
+    except TrialFailed as e:
+        emit(
+            Note(f"No Chrome trace of trial {trial}: its run failed ({e.reason.value}: {e.detail})")
+        )
+        return None
+
+
 def measure_limit(
     study: optuna.Study,
     measure: Any,
@@ -349,12 +420,17 @@ def measure_limit(
     emit: Emit,
     device: str = "cpu",
     ruled_out: frozenset[str] = frozenset(),
+    traced: dict[str, Path] | None = None,
+    rerun: MeasureSettings | None = None,
 ) -> dict[str, Any]:
     """Probe each of ``configs`` (``baseline``, ``tuned``; trial numbers in ``trials``) with
     ``measure`` (a ``Measurer``), record the result on ``study`` and return it. The defaults'
     probe of the first measurement (``record.attrs.FirstMeasurement``), when the study holds one, is
-    not taken again. A probe that fails is recorded with its reason and said; the others
-    still run."""
+    not taken again; that probe takes no trace (``search.first_look``), so its record names
+    the trace this run took of the same configuration (``traced``: the re-validation's, by
+    label), or, with ``trace_dir`` and none taken, one taken now in a run measured with
+    ``rerun`` (``traced_run``). A probe that fails is recorded with its reason and said; the
+    others still run."""
     ruled_out = ruled_out | no_gain(study)
     known = {}
     with contextlib.suppress(RecordError):  # unreadable: the defaults are probed again
@@ -365,16 +441,16 @@ def measure_limit(
         trace_dir.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {}
     for label, config in configs.items():
-        if label in known:  # the defaults, probed right after the baseline trial
-            try:  # a stored record may be someone else's: read it as the probe's, or probe
-                advice = next_step(
-                    known[label], config, free_batch=free_batch, device=device, ruled_out=ruled_out
-                )
-                reused = {k: v for k, v in known[label].items() if k != "untraced"}  # said
-                out[label] = dict(reused, bounds=bounds(known[label]), next=advice)
-                continue
-            except (KeyError, TypeError, ValueError, ZeroDivisionError):
-                pass
+        reused = _reused(
+            known.get(label), config, free_batch=free_batch, device=device, ruled_out=ruled_out
+        )
+        if reused is not None:  # the defaults, probed right after the baseline trial
+            taken = (traced or {}).get(label)
+            if taken is None and trace_dir is not None and rerun is not None:
+                path = trace_dir / f"{label}.trace.json"
+                taken = _trace_again(measure, trials[label], config, path, rerun, emit)
+            out[label] = dict(reused, trace=None if taken is None else str(taken))
+            continue
         trace = None if trace_dir is None else trace_dir / f"{label}.trace.json"
         try:
             out[label] = probe_one(

@@ -49,6 +49,7 @@ __all__ = [
     "probe",
     "probe_steps",
     "probe_warmup",
+    "trace_steps",
 ]
 
 #: DDP steps (and as many bare ones) the probe times: two windows' worth, within these. Fewer
@@ -172,7 +173,7 @@ def _sweep(s: Session, repeats: int, grad_bytes: int) -> list[tuple[int, float]]
     return out
 
 
-def _trace(s: Session, path: str) -> None:
+def trace_steps(s: Session, path: str) -> None:
     """A few DDP steps under ``torch.profiler``, each step a labelled range
     (``autotune.stepN``; DDP, autograd, the optimizer and the collectives label their own
     within it); rank 0 writes the Chrome trace to ``path``."""
@@ -247,7 +248,7 @@ def probe(
     comm["fit_s"] = worst[2 * n + 2 : 2 * n + 2 + fits]
     per_step = s.slowest([sum(st.values()) for st in ddp_steps])
     if settings.get("trace"):
-        _trace(s, settings["trace"])
+        trace_steps(s, settings["trace"])
     record = {
         "world_size": s.spec.world_size,
         "samples_per_step": s.samples_per_step,

@@ -128,6 +128,11 @@ def _run_rank(spec: RankSpec, store: Any) -> RankResult:
         else:
             windows, seconds, losses, stop = _windows(s, steps)
             found = None
+        measure_s = time.perf_counter() - measure_started
+        if spec.trace is not None and spec.limit is None:  # after the windows, outside them
+            from autotune.rank.limit_probe import trace_steps
+
+            trace_steps(s, spec.trace)
         loss = float(torch.stack(losses).mean())
         if not math.isfinite(loss):
             raise NonFiniteLoss(f"loss is {loss} after {len(losses)} measured steps")
@@ -142,7 +147,7 @@ def _run_rank(spec: RankSpec, store: Any) -> RankResult:
             setup_s=setup_s,
             warmup_s=measure_started - warmup_started,
             warmup_steps=len(step_times),
-            measure_s=time.perf_counter() - measure_started,
+            measure_s=measure_s,
         )
 
 

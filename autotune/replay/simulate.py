@@ -54,6 +54,7 @@ from autotune.definition.space import ResolvedSpace, SearchSpace
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.measurer import Placement
 from autotune.profile.export import study_profile
+from autotune.rank.limit_probe import PROFILED_STEPS
 from autotune.search.assembly import assemble
 from autotune.search.opening import open_study
 
@@ -224,6 +225,7 @@ class ReplayMeasurer:
         measure: MeasureSettings | None = None,
         log_dir: Path | None = None,
         limit: dict[str, Any] | None = None,
+        trace: Path | None = None,
     ) -> TrialResult:
         if limit is not None:
             return self._probe()
@@ -258,6 +260,8 @@ class ReplayMeasurer:
         fewer = m.warmup_steps_fewer(self.d.measure)
         step_s = config.global_batch / statistics.median(run.windows)
         wall = max(run.overhead_s - fewer * step_s, 0.0) + window_s
+        if trace is not None:  # the traced steps after the windows, at this point's step time
+            wall += PROFILED_STEPS * step_s
         self.clock += wall
         self.timed_s += window_s
         steps = max(1, round(window_s * statistics.median(windows) / config.global_batch))

@@ -59,9 +59,12 @@ class ScriptMeasurer(RayMeasurer):
         measure: MeasureSettings | None = None,
         log_dir: Path | None = None,
         limit: dict[str, Any] | None = None,
+        trace: Path | None = None,
     ) -> TrialResult:
         """One run of the user's command with ``config`` (trial ``number``) on the calling
-        thread's nodes; with ``limit``, the first measurement. Raises ``TrialFailed``."""
+        thread's nodes; with ``limit``, the first measurement. ``trace`` is not taken: the
+        script's steps are its own, not a session's (no run asks it in script mode). Raises
+        ``TrialFailed``."""
         checked(number, config)
         common = dict(
             command=self.d.command,

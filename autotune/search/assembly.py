@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
@@ -68,6 +68,12 @@ class Assembly:
     objective: Objective
     search: Search
     emit: Emit
+    #: Where the re-validation's first run of the defaults writes their Chrome trace (the run's
+    #: ``logs/limit``; None: no trace is taken): the first measurement takes none
+    #: (``search.first_look``).
+    defaults_trace: Path | None = None
+    #: The traces this run took, by the limit probe's label (``baseline``), for its record.
+    traced: dict[str, Path] = field(default_factory=dict)
 
     def validation_plan(self) -> tuple[int, int] | None:
         """The re-validation's (candidates, rounds) now (``Budget.validation_plan``), for
@@ -114,6 +120,8 @@ class Assembly:
                 defaults=self.space.defaults(),
                 budget=self.budget,
                 earlier=earlier,
+                trace=None if "baseline" in self.traced else self.defaults_trace,
+                traced=self.traced,
             )
         with self.budget.phase("ablation"):
             ablate(
@@ -197,7 +205,8 @@ def assemble(
     """The components of a run of ``study`` (opened, over ``space``) as ``definition`` asks,
     measuring with ``measure`` (module doc). ``clock`` and ``started``: the budget's
     (``Budget``); ``tick``: called from the main thread while the search waits
-    (``Search``); ``tokens_per_sample`` and ``logs``: the objective's (``Objective``)."""
+    (``Search``); ``tokens_per_sample`` and ``logs``: the objective's (``Objective``); the
+    defaults' Chrome trace goes to ``logs/limit`` (``Assembly.defaults_trace``)."""
     budget = Budget(definition, clock, started=started)
     objective = Objective(
         study=study,
@@ -219,8 +228,8 @@ def assemble(
         budget=budget,
         emit=emit,
         tick=tick,
-        logs=logs,
     )
+    traced = logs is not None and definition.limit and not definition.command
     return Assembly(
         study=study,
         space=space,
@@ -230,4 +239,5 @@ def assemble(
         objective=objective,
         search=search,
         emit=emit,
+        defaults_trace=logs / "limit" / "baseline.trace.json" if traced else None,
     )

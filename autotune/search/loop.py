@@ -38,7 +38,6 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
@@ -95,7 +94,6 @@ class Search:
         budget: Budget,
         emit: Emit,
         tick: Callable[[], None] | None = None,
-        logs: Path | None = None,
     ) -> None:
         self.study = study
         self.space = space
@@ -108,8 +106,6 @@ class Search:
         #: Called from the main thread before the baseline, between trials and while waiting
         #: for concurrent trials (``tuner`` re-asserts its SIGTERM handler there).
         self.tick = tick or (lambda: None)
-        #: Where the run keeps its logs (the first measurement's trace goes there).
-        self.logs = logs
         d = definition
         self.screening = Screening(study, space) if d.screening and d.sampler != "grid" else None
         self._stop = threading.Event()
@@ -206,7 +202,6 @@ class Search:
             measure=self.measure,
             definition=self.d,
             budget=self.budget,
-            logs=self.logs,
             emit=self.emit,
         )
 

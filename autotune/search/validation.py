@@ -37,6 +37,7 @@ import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -59,6 +60,7 @@ from autotune.core.stats import speedup_ci, speedup_text
 from autotune.core.values import ratio_interval
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.measurer import Measurer
+from autotune.limit.probe import traced_run
 from autotune.record import trial as tr
 from autotune.record.attrs import AsIsRecord, IntervalRecord, ValidationRecord, save
 from autotune.record.study import anchored_speedups, baseline_trial, complete
@@ -179,10 +181,16 @@ def revalidate(
     defaults: dict[str, Any],
     budget: Budget | None = None,
     earlier: ValidationRecord | None = None,
+    trace: Path | None = None,
+    traced: dict[str, Path] | None = None,
 ) -> ValidationRecord | None:
     """Measure the best ``plan[0]`` configurations and the baseline again over ``plan[1]``
     interleaved rounds, then the job as it runs today (``against_today``); store the record
     (attribute ``validation``) and return it. None when there is nothing to compare.
+
+    ``trace``: where the first run of the defaults writes a Chrome trace of a few DDP steps
+    after its windows (``limit.probe.traced_run``; the first measurement takes none), put in
+    ``traced`` (``baseline``) once written, for the limit probe's record.
 
     ``earlier``: the re-validation of this run before the search resumed (``Assembly``): its
     candidates are not measured again (``rejected``), the record names them
@@ -203,7 +211,7 @@ def revalidate(
     emit(ValidationStarted(candidates=list(picked), rounds=rounds, runs=len(order)))
     trials = {"baseline": base, **picked}
 
-    run = _rerun(trials, measure, emit, rerun, defaults)
+    run = _rerun(trials, measure, emit, rerun, defaults, trace, traced)
     done = measure_interleaved(keys, order, run, emit, essential="baseline", budget=budget)
     if done is None:
         emit(ValidationDone(winner=None, reason="The baseline failed: re-validation abandoned"))
@@ -258,13 +266,23 @@ def _rerun(
     emit: Emit,
     rerun: MeasureSettings,
     defaults: dict[str, Any],
+    trace: Path | None = None,
+    traced: dict[str, Path] | None = None,
 ) -> Callable[[str], TrialResult]:
-    """A re-validation run of ``trials[key]``, said as it starts."""
+    """A re-validation run of ``trials[key]``, said as it starts; the first of the baseline
+    takes the trace to ``trace`` (``revalidate``)."""
+    pending = [] if trace is None else [trace]
 
     def run(key: str) -> TrialResult:
         changes = changed_knobs(trials[key].params, defaults)
         emit(TrialStarted(tag=f"re-validating {key}", changes=changes))
-        return measure(trials[key].number, tr.config(trials[key]), measure=rerun)
+        number, config = trials[key].number, tr.config(trials[key])
+        if key != "baseline" or not pending:
+            return measure(number, config, measure=rerun)
+        result, written = traced_run(measure, number, config, pending.pop(), rerun, emit)
+        if written is not None and traced is not None:
+            traced["baseline"] = written
+        return result
 
     return run
 

@@ -171,6 +171,16 @@ def test_the_run_says_how_far_its_profile_is_from_the_limit(finished_run):
     # the defaults were probed once, right after the baseline, and the end reused it
     first = study.user_attrs["first_measurement"]
     assert first["probe"]["bounds"] == base["bounds"] and first["probe"]["trial"] == 0
+    # untraced (the screening waits for it): the defaults' trace is written after the windows
+    # of a later run of them (the re-validation's first, or one at the end), or that run's
+    # rank crashed in torch.profiler and it was measured again without it, said
+    assert first["probe"]["trace"] is None
+    if base["trace"] is None:
+        assert "that took the Chrome trace failed (crash: " in finished_run["stdout"]
+    else:
+        trace = json.loads(Path(base["trace"]).read_text())
+        assert "gloo:all_reduce" in {e.get("name") for e in trace["traceEvents"]}
+        assert Path(base["trace"]).parent == finished_run["home"] / "logs" / STUDY / "limit"
     assert len(set(first["probe"]["comm"]["fit_bytes"])) >= 2  # the alpha-beta sweep
     assert "First measurement (" in finished_run["stdout"]
     assert "Screening order from the first measurement:" in finished_run["stdout"]

@@ -450,3 +450,77 @@ def test_the_first_measurement_times_the_probes_fewest_steps():
     assert probe_steps(batch / 0.21, batch) == MIN_STEPS  # loopback: 8, not two windows
     assert probe_steps(batch / 2.03, batch) == 4  # 300 Mbit: never fewer than 4
     assert probe_steps(None, batch) is None and probe_steps(0.0, batch) is None
+
+
+def test_the_reused_probe_of_the_defaults_names_the_trace_this_run_took_or_takes_one(tmp_path):
+    """The first measurement takes no trace (every screening trial waits for it): the limit
+    record of the defaults, reused from it, names the trace the re-validation's first run of
+    the defaults wrote, or else one taken at the end in a run of its own, once more untraced
+    where that run's rank crashed (torch.profiler), or none, said, where it failed."""
+    from autotune.core.config import MeasureSettings
+    from autotune.core.errors import FailureReason, TrialFailed
+    from autotune.record.attrs import FirstMeasurement, save
+
+    first = {**RECORD, "trial": 0, "config": TrialConfig().to_dict(), "trace": None}
+    rerun = MeasureSettings(min_windows=1, max_windows=3)
+    asked: list = []
+
+    def measure(trial, config, limit=None, measure=None, trace=None):
+        assert limit is None, "the defaults' figures are reused, not probed again"
+        asked.append((trial, measure, trace))
+        if trace is not None:
+            trace.write_text('{"traceEvents": []}')
+        return SimpleNamespace(ranks=[SimpleNamespace(limit=None)])
+
+    def probe(study, m, traced=None, trace_dir=tmp_path, emit=lambda e: None):
+        return measure_limit(
+            study,
+            m,
+            configs={"baseline": TrialConfig()},
+            trials={"baseline": 0},
+            trace_dir=trace_dir,
+            emit=emit,
+            traced=traced,
+            rerun=rerun,
+        )
+
+    study = optuna.create_study(direction="maximize")
+    save(study, FirstMeasurement(evidence={}, probe=first))
+    taken = tmp_path / "revalidated.trace.json"
+    got = probe(study, measure, traced={"baseline": taken})
+    assert asked == [] and got["baseline"]["trace"] == str(taken)  # no run: the figures reused
+    assert got["baseline"]["bounds"] == bounds(RECORD)
+    assert study.user_attrs["limit"]["baseline"]["trace"] == str(taken)
+
+    got = probe(study, measure)  # nothing re-validated: a run of the defaults takes it
+    path = tmp_path / "baseline.trace.json"
+    assert asked == [(0, rerun, path)] and got["baseline"]["trace"] == str(path)
+    assert path.exists()
+
+    asked.clear()
+    assert probe(study, measure, trace_dir=None)["baseline"]["trace"] is None and asked == []
+
+    def crashes_traced(trial, config, limit=None, measure=None, trace=None):
+        asked.append(trace)
+        if trace is not None:  # rank 0 wrote its trace, then a rank died
+            trace.write_text("{}")
+            raise TrialFailed(FailureReason.CRASH, "rank 1: its process died")
+        return SimpleNamespace(ranks=[SimpleNamespace(limit=None)])
+
+    said: list = []
+    got = probe(study, crashes_traced, emit=said.append)
+    assert asked == [path, None] and got["baseline"]["trace"] is None and not path.exists()
+    assert [e.text for e in said] == [
+        "The run of trial 0 that took the Chrome trace failed (crash: rank 1: its process "
+        "died); measured again without the trace"
+    ]
+
+    def times_out(trial, config, limit=None, measure=None, trace=None):
+        raise TrialFailed(FailureReason.TIMEOUT, "no result in 60 s")
+
+    said.clear()
+    got = probe(study, times_out, emit=said.append)
+    assert got["baseline"]["trace"] is None and got["baseline"]["bounds"] == bounds(RECORD)
+    assert [e.text for e in said] == [
+        "No Chrome trace of trial 0: its run failed (timeout: no result in 60 s)"
+    ]

@@ -431,3 +431,37 @@ def test_a_shell_that_carries_autotunes_pin_is_seen_and_asis_runs_without_it():
     assert allocator.without_pin(shell) == {"PATH": "/bin", "OMP_NUM_THREADS": "4"}
     own = {allocator.MMAP_ENV: "65536"}  # the user's own value is theirs: kept
     assert allocator.without_pin(own) == own
+
+
+def test_the_first_run_of_the_defaults_takes_their_trace_and_only_it(tmp_path):
+    """The first measurement takes no Chrome trace (the screening waits for it): the
+    re-validation's first run of the defaults writes it after its windows, and the run keeps
+    where (``traced``) for the limit probe's record. No other run is traced."""
+
+    class Traced(Stand):
+        def __call__(
+            self, number, config, incumbent=None, measure=None, log_dir=None, limit=None, trace=None
+        ):
+            self.calls.append(("warm", number, trace))
+            if trace is not None:
+                trace.write_text('{"traceEvents": []}')
+            return result(self._value(config, True), True)
+
+    m, traced = Traced(), {}
+    path = tmp_path / "limit" / "baseline.trace.json"
+    record = revalidate(
+        study=study_with(),
+        definition=StudyDefinition(name="t", trainer="mlp"),
+        plan=(1, 4),
+        measure=m,
+        emit=lambda e: None,
+        defaults=DEFAULTS,
+        trace=path,
+        traced=traced,
+    )
+    assert record is not None and record.winner == "trial 1"
+    warm = [c for c in m.calls if c[0] == "warm"]
+    defaults = [c for c in warm if c[1] == 0]
+    assert len(warm) == 8 and len(defaults) == 4 and defaults[0][2] == path
+    assert [c for c in warm if c[2] is not None] == [defaults[0]]  # no other run traced
+    assert traced == {"baseline": path} and path.exists()
