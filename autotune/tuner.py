@@ -188,6 +188,7 @@ def run(req: RunRequest, emit: Emit | None = None) -> RunSummary:
             tick=tick,
             tokens_per_sample=workload.tokens_per_sample,
             logs=logs,
+            trace_dir=logs / "limit",
         )
         # room for the job as it runs today, the defaults and the winner, in new processes
         run.budget.as_is_arms = 3 if measure.as_is_reason() is None else 0

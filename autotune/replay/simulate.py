@@ -37,6 +37,7 @@ import itertools
 import json
 import random
 import statistics
+import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -388,13 +389,21 @@ def replay(
     st, _ = open_study("replay", "", d, space, 128, {"device": "cpu"}, storage=storage)
     rng = random.Random(seed)
     measure = ReplayMeasurer(landscape, st, space, d, rng, cold_first=cold_first, evidence=evidence)
-    run = assemble(
-        study=st, space=space, definition=d, measure=measure, emit=emit, clock=measure.now
-    )
-    run.search.run()
-    search_s, oracle = measure.clock, landscape.oracle()[1]
-    found_trials, found_s = _found(landscape, measure.log, oracle)
-    run.conclude()
+    # the run's trace of the defaults is charged, not written (``ReplayMeasurer``)
+    with tempfile.TemporaryDirectory(prefix="autotune-replay-") as traces:
+        run = assemble(
+            study=st,
+            space=space,
+            definition=d,
+            measure=measure,
+            emit=emit,
+            clock=measure.now,
+            trace_dir=Path(traces),
+        )
+        run.search.run()
+        search_s, oracle = measure.clock, landscape.oracle()[1]
+        found_trials, found_s = _found(landscape, measure.log, oracle)
+        run.conclude()
     key = measure.config_key(study_profile(st).trial_config())
     value = landscape.value(key)
     return ReplayResult(

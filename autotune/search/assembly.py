@@ -40,6 +40,7 @@ from autotune.core.events import Emit, Note
 from autotune.definition.space import ResolvedSpace
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.measurer import Measurer
+from autotune.rank.limit_probe import PROFILED_STEPS
 from autotune.record.attrs import ValidationRecord
 from autotune.search.ablation import ablate
 from autotune.search.budget import Budget
@@ -201,12 +202,14 @@ def assemble(
     tick: Callable[[], None] | None = None,
     tokens_per_sample: int | None = None,
     logs: Path | None = None,
+    trace_dir: Path | None = None,
 ) -> Assembly:
     """The components of a run of ``study`` (opened, over ``space``) as ``definition`` asks,
     measuring with ``measure`` (module doc). ``clock`` and ``started``: the budget's
     (``Budget``); ``tick``: called from the main thread while the search waits
-    (``Search``); ``tokens_per_sample`` and ``logs``: the objective's (``Objective``); the
-    defaults' Chrome trace goes to ``logs/limit`` (``Assembly.defaults_trace``)."""
+    (``Search``); ``tokens_per_sample`` and ``logs``: the objective's (``Objective``);
+    ``trace_dir``: where the defaults' Chrome trace goes (``Assembly.defaults_trace``; None:
+    none is taken; nor is one in script mode or without the limit probe)."""
     budget = Budget(definition, clock, started=started)
     objective = Objective(
         study=study,
@@ -229,7 +232,8 @@ def assemble(
         emit=emit,
         tick=tick,
     )
-    traced = logs is not None and definition.limit and not definition.command
+    traced = trace_dir is not None and definition.limit and not definition.command
+    budget.trace_steps = PROFILED_STEPS if traced else 0
     return Assembly(
         study=study,
         space=space,
@@ -239,5 +243,5 @@ def assemble(
         objective=objective,
         search=search,
         emit=emit,
-        defaults_trace=logs / "limit" / "baseline.trace.json" if traced else None,
+        defaults_trace=trace_dir / "baseline.trace.json" if trace_dir and traced else None,
     )

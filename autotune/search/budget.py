@@ -146,6 +146,12 @@ class Budget:
         #: as long as a re-validation run, when the study measures the limit (not in script
         #: mode, which measures only its first measurement).
         self.limit_runs = LIMIT_RUNS if definition.limit and not definition.command else 0
+        #: DDP steps the re-validation's first run of the defaults profiles after its windows
+        #: for their Chrome trace (``search.assembly``: ``PROFILED_STEPS`` where the run takes
+        #: one; 0 once taken), at the baseline's step time (``defaults_step_s``, set when it is
+        #: measured): the plan counts them (``trace_s``).
+        self.trace_steps = 0
+        self.defaults_step_s: float | None = None
         #: Arms of the comparison with the user's job as it runs today (``search.validation``:
         #: that job, the defaults and the winner, each run in new processes); 0 where the
         #: measurer cannot run that job (set by ``tuner.run``; the replay keeps 0).
@@ -266,7 +272,7 @@ class Budget:
         plan = validation_plan(self.d, self.total_s, run)
         if plan is None:
             return None
-        room = self.left_s() - self.limit_reserve_s(run)
+        room = self.left_s() - self.limit_reserve_s(run) - self.trace_s()
         n = plan[1] if rounds is None else min(plan[1], rounds)
         after = self._ablation_s(ablate, n, run)  # what follows keeps its share...
         if self.as_is_planned() and (self.keep_as_is if as_is is None else as_is):
@@ -388,6 +394,12 @@ class Budget:
             )
         return f"not measured: the budget left ({max(self.left_s(), 0):.0f} s) holds no {runs}"
 
+    def trace_s(self) -> float:
+        """Seconds the defaults' trace adds to the re-validation (``trace_steps``): replayed
+        3-minute runs on the recorded 300 Mbit landscape ended up to 9 s past their budget
+        where the plan did not count the 4 s of two profiled steps."""
+        return self.trace_steps * (self.defaults_step_s or 0.0)
+
     def limit_reserve_s(self, run_wall_s: float) -> float:
         """Seconds kept for the limit probes: ``limit_runs`` re-validation-sized runs, at most
         ``LIMIT_SHARE`` of the budget (a probe in pooled processes takes less than a run: on
@@ -455,7 +467,8 @@ class Budget:
                 after = min(after, arms * max(PRECISE_ROUNDS - n, 0) * run)
             if self.as_is_planned() and (self.keep_as_is if as_is is None else as_is):
                 after += self.as_is_s() or 0.0
-        return run * runs + after + self.limit_reserve_s(run)
+        trace = self.trace_s() if runs else 0.0  # in the re-validation's first run
+        return run * runs + trace + after + self.limit_reserve_s(run)
 
     def search_room(
         self, *, to_revalidate: int, ablate: int = 0, rounds: int | None = None, as_is: bool

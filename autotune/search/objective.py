@@ -148,6 +148,8 @@ class Objective:
             for i, w in enumerate(result.windows):
                 trial.report(w, i)  # the dashboard's intermediate values: one per window
         hopeless = result.ranks[0].stop == "hopeless"  # one-step windows: no rerun estimate
+        if kind.first:  # what the defaults' trace will cost (``Budget.trace_s``)
+            self.budget.defaults_step_s = result.step_time_s
         self.budget.trial_done(self.budget.now() - t0, None if hopeless else self._rerun_s(result))
         if drifted is not None:  # over pruning too: the more telling verdict
             self._fail(trial, drifted, changes)

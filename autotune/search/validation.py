@@ -213,6 +213,8 @@ def revalidate(
 
     run = _rerun(trials, measure, emit, rerun, defaults, trace, traced)
     done = measure_interleaved(keys, order, run, emit, essential="baseline", budget=budget)
+    if budget is not None and trace is not None:
+        budget.trace_steps = 0  # taken, or not to be: its run was the first of the defaults
     if done is None:
         emit(ValidationDone(winner=None, reason="The baseline failed: re-validation abandoned"))
         return None

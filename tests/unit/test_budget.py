@@ -248,6 +248,28 @@ def test_where_the_plan_has_fewer_than_precise_rounds_the_reserve_keeps_them_not
     assert b.validation_plan(ablate=3, rounds=3) == (1, 3)  # what the reserve kept it for
 
 
+def test_the_defaults_trace_is_kept_in_the_reserve_and_the_plan_until_it_is_taken():
+    """The first run of the defaults in the re-validation profiles two more steps for their
+    Chrome trace: the reserve keeps them beside the candidates' rounds, the plan fits the
+    rounds in what is left after them, and once taken they are kept no more. Without a
+    re-validation to keep, no trace is kept for (the limit probes' runs hold it)."""
+    now = [0.0]
+    d = StudyDefinition(name="t", budget_s=240, validate_top=3, validate_rounds=5)
+    b = Budget(d, clock=lambda: now[0])
+    b.trial_done(20.0, rerun_wall_s=20.0)  # plan (1, 2): one candidate over 2 rounds
+    untraced = b.reserve_s(to_revalidate=1)
+    b.trace_steps, b.defaults_step_s = 2, 2.0  # two steps of the defaults' 2 s
+    assert b.trace_s() == 4.0
+    assert b.reserve_s(to_revalidate=1) == pytest.approx(untraced + 4.0)
+    assert b.reserve_s(to_revalidate=0) == pytest.approx(b.limit_reserve_s(20.0))
+    now[0] = 240 - untraced  # stopped where the rounds fit only without the trace
+    assert b.validation_plan() is None
+    now[0] = 240 - untraced - 4.0
+    assert b.validation_plan() == (1, 2)
+    b.trace_steps = 0  # taken
+    assert b.trace_s() == 0.0 and b.reserve_s(to_revalidate=1) == pytest.approx(untraced)
+
+
 def test_the_end_keeps_the_ablation_the_share_the_reserve_kept_for_it():
     """The reserve sizes the ablation at the rounds the best candidate's gain needs (3 here),
     not the plan's 8: the end keeps that share, so the re-validation does not take it all."""
