@@ -26,14 +26,14 @@ import contextlib
 import os
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import optuna
 
 from autotune.core.compat import ray_off_main_thread_quiet
-from autotune.core.config import TrialConfig
+from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.errors import (
     BaselineFailed,
     ClusterLost,
@@ -76,6 +76,7 @@ from autotune.script.job import ScriptJob, script_job
 from autotune.script.nodes import check_files
 from autotune.script.script_measurer import ScriptMeasurer
 from autotune.search.assembly import Assembly, assemble
+from autotune.search.budget import Budget
 from autotune.search.opening import open_study
 from autotune.search.screening import ruled_out
 
@@ -346,6 +347,7 @@ def _search_and_conclude(
                     device=target.device,
                     unsearched=unsearched,
                     traced=run.traced,
+                    budget=run.budget,
                 )
     except InterruptedAgain:
         raise  # Ctrl-C twice: exit at once, nothing more exported
@@ -382,10 +384,13 @@ def _limit(
     device: str = "cpu",
     unsearched: frozenset[str] = frozenset(),
     traced: dict[str, Path] | None = None,
+    budget: Budget | None = None,
 ) -> None:
     """Probe the defaults and the configuration the profile will export (when it differs);
     the advice names no knob of ``unsearched``; ``traced``: the traces the run took already
-    (``Assembly.traced``)."""
+    (``Assembly.traced``). Where the run took no trace of the defaults (it re-validated
+    nothing), a run of them takes it, of one window, where ``budget`` left holds it beside
+    the probe; else the line says there is none."""
     base = baseline_trial(study)
     if base is None or base.state != optuna.trial.TrialState.COMPLETE:
         return
@@ -398,6 +403,19 @@ def _limit(
         trials["tuned"] = profile.study["best_trial"]
     which = " and ".join(f"{k} (trial {trials[k]})" for k in configs)
     emit(Note(f"Measuring how far from the limit: {which}"))
+    # the defaults' trace, where no run of them took it: a run for it alone, one window
+    rerun: MeasureSettings | None = replace(d.measure.rerun(), min_windows=1, max_windows=1)
+    left = None if budget is None else budget.left_s()
+    run_s = None if budget is None else budget.rerun_s()
+    untraced = "baseline" not in (traced or {})
+    if untraced and left is not None and run_s is not None and left < run_s * len(configs):
+        rerun = None
+        emit(
+            Note(
+                f"No Chrome trace of the defaults: no run of them took one, and the "
+                f"{max(left, 0):.0f} s left hold no run for it beside the probe"
+            )
+        )
     measure_limit(
         study,
         measure,
@@ -409,7 +427,7 @@ def _limit(
         device=device,
         ruled_out=ruled_out(study) | unsearched,
         traced=traced,
-        rerun=d.measure.rerun(),
+        rerun=rerun,
     )
 
 

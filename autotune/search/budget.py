@@ -429,6 +429,11 @@ class Budget:
         medians = self._medians()
         return None if medians is None else medians[0]
 
+    def rerun_s(self) -> float | None:
+        """A re-measurement run's wall seconds (``_medians``); None before any trial ended."""
+        medians = self._medians()
+        return None if medians is None else medians[1]
+
     def reserve_s(
         self,
         *,

@@ -5,6 +5,8 @@ rank processes."""
 
 from __future__ import annotations
 
+import json
+
 import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
@@ -51,7 +53,8 @@ def test_a_search_winner_that_remeasures_slower_is_not_exported_and_the_job_toda
     definition = StudyDefinition(
         name="t", trainer="autotune_test_trainers:tiny", measure=QUICK, seed=0
     )
-    events = []
+    events, traced = [], {}
+    trace = tmp_path / "limit" / "baseline.trace.json"
     record = revalidate(
         study=study,
         definition=definition,
@@ -59,10 +62,22 @@ def test_a_search_winner_that_remeasures_slower_is_not_exported_and_the_job_toda
         measure=RayMeasurer(study=study, runners=[runner], definition=definition),
         emit=events.append,
         defaults=SearchSpace.load("default").resolve(TARGET).defaults(),
+        trace=trace,
+        traced=traced,
     )
 
     assert record is not None
     assert record.order == ["baseline", "trial 1", "trial 1", "baseline"]  # A B B A
+    # the defaults' first run wrote their Chrome trace after its windows (rank 0, real DDP
+    # steps), or its rank crashed in torch.profiler and it ran again untraced, said
+    if traced:
+        assert traced == {"baseline": trace}
+        names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
+        assert "gloo:all_reduce" in names and "autotune.step0" in names
+    else:
+        assert any(
+            "that took the Chrome trace failed (crash: " in getattr(e, "text", "") for e in events
+        )
     assert [len(v) for v in record.measurements.values()] == [2, 2]
     assert record.winner == "baseline" and record.beats_baseline is False
     assert record.reason == NO_WINNER_REASON

@@ -499,6 +499,16 @@ def test_the_reused_probe_of_the_defaults_names_the_trace_this_run_took_or_takes
 
     asked.clear()
     assert probe(study, measure, trace_dir=None)["baseline"]["trace"] is None and asked == []
+    untaken = measure_limit(  # the run's budget holds no run for it (tuner._limit)
+        study,
+        measure,
+        configs={"baseline": TrialConfig()},
+        trials={"baseline": 0},
+        trace_dir=tmp_path,
+        emit=lambda e: None,
+        rerun=None,
+    )
+    assert untaken["baseline"]["trace"] is None and asked == []
 
     def crashes_traced(trial, config, limit=None, measure=None, trace=None):
         asked.append(trace)
