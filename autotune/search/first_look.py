@@ -14,8 +14,8 @@ the run reuses.
 The probe takes no Chrome trace: every screening trial waits for it, and the trace serves the
 user, not the search (two DDP steps and their export, about 2.5 s of a 1.3 s step at 500
 Mbit). The defaults' trace is taken after the windows of the re-validation's first run of the
-defaults, which runs anyway, or, where the run re-validates nothing, at the end
-(``limit.probe.measure_limit``).
+defaults, which runs anyway, or, where the run re-validates nothing, at the end where the
+budget holds a run for it (``tuner._limit``, ``limit.probe.measure_limit``).
 """
 
 from __future__ import annotations
