@@ -139,7 +139,7 @@ def _probe_defaults(
         return None
     started = budget.elapsed_s()
     device = space.target.device
-    try:  # untraced: every screening trial waits for it (the trace comes later, DEFAULTS_TRACE)
+    try:  # untraced: every screening trial waits for it (``Assembly.defaults_trace`` later)
         record = probe_one(
             measure,
             base.number,
