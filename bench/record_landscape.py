@@ -200,6 +200,8 @@ def main() -> None:
             return
         out["grid"] = grid
         out["baseline_key"] = point_key(base_point)
+        # the warm-up rule the runs were measured with (``replay.simulate.Landscape.load``)
+        out["settle"] = "windows"
         # The cold-baseline experiment.
         cold: dict[str, list[dict[str, Any]]] = {}
         cold["fresh_after_ray_start"] = [measure(first, base_cfg, 0)]

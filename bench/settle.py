@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -41,8 +42,13 @@ VARIANTS: list[dict[str, Any]] = [
     {"gradient_as_bucket_view": True, "bucket_cap_mb": 5.0},
     {"num_workers": 2, "persistent_workers": True},
 ]
-#: (min_steps, window, rel_tol): the shipped rule first.
-RULES = [(2, 3, 0.05), (2, 2, 0.05), (2, 1, 0.05), (3, 1, 0.05), (2, 2, 0.1), (4, 0, 0.0)]
+#: (min_steps, window, rel_tol) of the step-level rule (``SettleRule.settled_at``, the rule
+#: before this release; window 0: a fixed count of steps).
+RULES = [(2, 2, 0.05), (2, 1, 0.05), (4, 0, 0.0), (2, 0, 0.0)]
+#: (min_steps, window, rel_tol) of the rule a measurement warms up with now: ``min_steps``
+#: steps, then windows of about ``WINDOW_S`` (``SettleRule.kept_from``).
+WINDOW_RULES = [(2, 1, 0.05), (2, 2, 0.05)]
+WINDOW_S = 1.0
 SEEN_FROM = 2  # the steps before this are not recorded (the recording's own warm-up)
 FRESH_EVERY = 4  # every 4th trial starts a new pool of rank processes
 
@@ -73,7 +79,7 @@ def record(study: str, trials: int, steps: int) -> list[dict[str, Any]]:
     space = SearchSpace.load(d.space).resolve(target)
     # one step per window, exactly ``steps`` windows, a warm-up of exactly SEEN_FROM steps
     each = MeasureSettings(
-        min_warmup_steps=0,
+        min_warmup_steps=SEEN_FROM,
         settle_window=1,
         settle_tol=1e9,
         window_s=1e-6,
@@ -123,23 +129,42 @@ def record(study: str, trials: int, steps: int) -> list[dict[str, Any]]:
     return out
 
 
+def _cut(t: list[float], rule: tuple[int, int, float], windowed: bool) -> int | None:
+    """Where ``rule`` starts timing in the step times ``t`` (the first SEEN_FROM unread)."""
+    min_steps, window, tol = rule
+    if windowed:  # as a measurement's windows: sized from the step before, until one is kept
+        rule_ = SettleRule(window=window, rel_tol=tol, min_steps=min_steps, max_steps=len(t))
+        start, rates, sizes = min_steps, [], []
+        k = max(2, math.ceil(WINDOW_S / t[max(min_steps - 1, SEEN_FROM)]))
+        while start + k <= len(t):
+            sizes.append(k)
+            rates.append(k / sum(t[start : start + k]))
+            start += k
+            kept = rule_.kept_from(rates, sizes)
+            if kept is not None:
+                return min_steps + sum(sizes[:kept])
+            k = max(2, math.ceil(WINDOW_S * rates[-1]))
+        return None
+    if window == 0:  # a fixed count, no settling
+        return min_steps
+    return SettleRule(window=window, rel_tol=tol, min_steps=min_steps, max_steps=len(t)).settled_at(
+        t
+    )
+
+
 def judge(runs: list[dict[str, Any]], judge_n: int) -> list[dict[str, Any]]:
     """Each rule: its median cut (steps of warm-up, counting the unrecorded ones), the median
     and worst bias over the runs, fresh and pooled apart."""
     table = []
-    for min_steps, window, tol in RULES:
+    rules = [(r, False) for r in RULES] + [(r, True) for r in WINDOW_RULES]
+    for (min_steps, window, tol), windowed in rules:
         for reused in (False, True):
             cuts, biases = [], []
             for r in runs:
                 if r["reused"] != reused:
                     continue
                 t = [0.0] * SEEN_FROM + r["step_s"]  # the unrecorded steps: never read
-                if window == 0:  # a fixed count, no settling
-                    cut = min_steps
-                else:
-                    cut = SettleRule(
-                        window=window, rel_tol=tol, min_steps=min_steps, max_steps=len(t)
-                    ).settled_at(t)
+                cut = _cut(t, (min_steps, window, tol), windowed)
                 if cut is None or cut + judge_n > len(t) - judge_n:
                     continue
                 after = statistics.median(t[cut : cut + judge_n])
@@ -148,11 +173,15 @@ def judge(runs: list[dict[str, Any]], judge_n: int) -> list[dict[str, Any]]:
                 biases.append(after / steady - 1)  # > 0: the judged steps are slower
             if not cuts:
                 continue
+            if windowed:
+                name = f"min_steps={min_steps}, then windows settled over {window} window(s)"
+            elif window:
+                name = f"min_steps={min_steps} window={window} rel_tol={tol}"
+            else:
+                name = f"a fixed {min_steps} steps"
             table.append(
                 {
-                    "rule": f"min_steps={min_steps} window={window} rel_tol={tol}"
-                    if window
-                    else f"a fixed {min_steps} steps",
+                    "rule": name,
                     "processes": "pooled" if reused else "fresh",
                     "runs": len(cuts),
                     "median_cut": statistics.median(cuts),

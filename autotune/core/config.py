@@ -15,6 +15,7 @@ into the settings each rank applies where they act:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, ClassVar
@@ -153,26 +154,34 @@ def as_it_runs(
     return replace(config, env=env, threads=threads)
 
 
+#: How far off a warming-up window's size its steps must run before the next window is sized
+#: again (``MeasureSettings.resized``): a fraction of the size.
+RESIZE_OFF = 0.25
+
+
 @dataclass(frozen=True, kw_only=True)
 class MeasureSettings:
     """How a trial measures throughput (the rules are in ``autotune.core.stats``).
 
-    Warm-up runs until the slowest rank's step time settles; then timed windows of about
+    Warm-up is ``min_warmup_steps`` steps and whatever first windows still run slower than
+    the ones after them (``stats.SettleRule.kept_from``); then timed windows of about
     ``window_s`` each until the 95 % interval of their median is within
     ``target_rel_half_width`` of it, or ``max_windows``. From ``prune_after`` windows on, a
     trial whose interval lies wholly below the incumbent's is stopped (PRUNED), and so is one
-    whose warm-up steps run ``hopeless_factor`` times below it.
+    whose windows run ``hopeless_factor`` times below it, settled or not.
     """
 
     min_warmup_steps: int = 2
-    """Optimizer steps always discarded before the settle rule looks."""
-    settle_window: int = 2
-    """Steps in each of the two medians the settle rule compares (warm-up is at least
-    ``min_warmup_steps + 2 * settle_window`` steps)."""
+    """Optimizer steps always discarded before timing starts (at least one is run: its time
+    sizes the windows)."""
+    settle_window: int = 1
+    """Windows after the first ones that settle them: a leading window is warm-up while its
+    throughput is more than ``settle_tol`` below the median of this many windows after it."""
     settle_tol: float = 0.05
-    """Settled when the two medians differ by at most this fraction."""
+    """How far below the windows after it a leading window may run and still be kept."""
     max_warmup_steps: int = 100
-    """Warm-up ends here even if the step time never settled."""
+    """Steps discarded at most, warm-up windows included: the window after them is kept
+    whatever follows."""
     window_s: float = 1.0
     """Target length of one timed window, in seconds."""
     min_steps: int = 2
@@ -188,14 +197,12 @@ class MeasureSettings:
     prune_after: int = 2
     """Windows measured before a trial may be pruned."""
     hopeless_factor: float = 4.0
-    """A trial whose warm-up steps run this many times below the incumbent is pruned then,
-    before any window (a bf16 step emulated on a CPU ran 20x below fp32's)."""
+    """A trial whose windows run this many times below the incumbent is pruned from
+    ``prune_after`` windows on, settled or not (a bf16 step emulated on a CPU ran 20x below
+    fp32's)."""
     rerun_windows: int = 3
     """Windows of each re-measurement run (re-validation, ablation): a fixed number, no stop
     or prune rule."""
-    rerun_settle_window: int = 1
-    """``settle_window`` of a re-measurement run: its processes ran the configuration in the
-    search, and whatever warm-up bias is left is common to both sides of a paired ratio."""
 
     FLOORS: ClassVar[tuple[tuple[str, int | str], ...]] = (
         ("settle_window", 1),
@@ -206,7 +213,6 @@ class MeasureSettings:
         ("max_windows", "min_windows"),
         ("prune_after", 2),
         ("rerun_windows", 2),
-        ("rerun_settle_window", 1),
     )
     """Each field's least value beyond >= 0, a number or the field it may not go below: the
     rules of ``autotune.core.stats`` (a study asks more: two windows for an interval)."""
@@ -245,21 +251,22 @@ class MeasureSettings:
 
     def rerun(self) -> MeasureSettings:
         """The settings of a re-measurement run (re-validation, ablation): ``rerun_windows``
-        windows after a warm-up settled over ``rerun_settle_window`` steps. The noise of such
-        a comparison is between runs, so short runs in more rounds say more than long runs in
-        few."""
-        return replace(
-            self,
-            min_windows=self.rerun_windows,
-            max_windows=self.rerun_windows,
-            settle_window=self.rerun_settle_window,
-        )
+        windows after the same warm-up. The noise of such a comparison is between runs, so
+        short runs in more rounds say more than long runs in few."""
+        return replace(self, min_windows=self.rerun_windows, max_windows=self.rerun_windows)
 
-    def warmup_steps_fewer(self, than: MeasureSettings) -> int:
-        """Warm-up steps these settings need fewer than ``than`` at the least: the settle rule
-        compares two medians of ``settle_window`` steps, so two per step of the window
-        (``rerun()`` against the search's settings: 2 by default)."""
-        return 2 * max(0, than.settle_window - self.settle_window)
+    def window_steps(self, step_s: float) -> int:
+        """Steps in a window of about ``window_s`` at ``step_s`` seconds a step, within
+        ``min_steps`` and ``max_steps``."""
+        n = math.ceil(self.window_s / step_s) if step_s > 0 else self.min_steps
+        return min(max(n, self.min_steps), self.max_steps)
+
+    def resized(self, steps: int, seconds: float) -> int:
+        """The next window's steps after a window of ``steps`` steps took ``seconds``, while
+        the windows are still warming up: sized again where that one's steps ran more than a
+        quarter off the size's, else the same (``stats.SettleRule.kept_from``)."""
+        n = self.window_steps(seconds / steps)
+        return n if abs(n - steps) > RESIZE_OFF * steps else steps
 
     def stop_rule(self) -> Any:
         from autotune.core.stats import StopRule

@@ -8,13 +8,24 @@ so every decision is taken on an interval, never on a single number.
 
 Rules (``n`` = number of windows, ``conf`` = confidence, 0.95 by default):
 
-- Warm-up, ``SettleRule.settled_at``: the first ``min_steps`` steps are always discarded (CUDA /
-  NCCL init, autotuning, DDP bucket rebuild). Timing starts at the first index ``i`` at which the
-  median of steps ``[i-window, i)`` differs by at most ``rel_tol`` (relative) from the median of
-  ``[i-2*window, i-window)``: two adjacent medians that agree mean no trend is left, and a median
-  ignores one GC spike. Only steps from ``i`` on are timed, so the steps that decided "settled"
-  are never measured (no selection bias). Not settled after ``max_steps`` steps: warm-up ends
-  there (``settled_at`` returns ``max_steps``, i.e. ``len(step_times)`` when called per step).
+- Warm-up of a measurement, ``SettleRule.kept_from``: the first ``min_steps`` steps are always
+  discarded (CUDA / NCCL init, autotuning, DDP's bucket rebuild, the optimizer's state), then
+  timing starts and the first windows settle the rest: window ``j`` is kept, and every window
+  after it, once its throughput is no more than ``rel_tol`` below the median of the ``window``
+  windows after it; the windows before it were still warming up (slower), and none of them is
+  counted. A window faster than the ones after it is noise, not warm-up, and is kept. Until
+  a window is kept, each is sized from the one before it where that one's steps ran more
+  than a quarter off the size's (the first from the last discarded step), so a long warm-up
+  does not leave the windows short; a window sized otherwise than the ones after it is
+  warm-up too, so the kept windows all have one size. Once
+  the discarded steps and the windows before ``j`` reach ``max_steps``, ``j`` is kept whatever
+  follows. A window of steps says as much as a median of steps and costs nothing extra: the
+  steps that settle it are measured steps, where the rule it replaces spent two to four steps
+  a run on checking (``bench/settle.py`` judges both on recorded steps).
+- Warm-up of a limit probe, ``SettleRule.settled_at``: after ``min_steps``, the first step
+  index ``i`` at which the median of steps ``[i-window, i)`` differs by at most ``rel_tol``
+  (relative) from the median of ``[i-2*window, i-window)``; never later than ``max_steps``
+  (``settled_at`` then returns ``max_steps``). The probe times single steps after it.
 - Throughput interval, ``median_ci``: the point is the median of the windows (one slow window
   does not move it). If n is large enough for the order-statistic interval ``[x(1), x(n)]`` to
   reach ``conf`` (``1 - 2**(1-n) >= conf``: n >= 6 at 95 %), the interval is the
@@ -30,8 +41,9 @@ Rules (``n`` = number of windows, ``conf`` = confidence, 0.95 by default):
   when it is an ``Interval``: the two intervals must not overlap, so noise alone rarely prunes.
   With two windows the t-interval (t = 12.7 at 95 %) is wide on purpose: only gross losers go.
   Pass the incumbent as an ``Interval``; a bare number ignores the incumbent's own noise.
-  ``PruneRule.hopeless`` acts earlier, in warm-up: steps running ``hopeless_factor`` times or
-  more below the incumbent end the trial (stop ``hopeless``) before any window is timed.
+  ``PruneRule.hopeless`` acts on the same windows whether they settled or not: windows
+  running ``hopeless_factor`` times or more below the incumbent end the trial (stop
+  ``hopeless``) before the rest of its warm-up.
 - Speedup, ``speedup_ci``: the ratio is estimated on log ratios. Interleaved measurements are
   paired by index (``candidate[i]`` with ``baseline[i]``, same round) so drift common to both
   (thermal, other tenants) cancels: t-interval of the mean log ratio, exponentiated; the point
@@ -219,7 +231,8 @@ def median_ci(samples: Sequence[float], confidence: float = 0.95) -> Interval:
 
 @dataclass
 class SettleRule:
-    """Where warm-up ends in a sequence of per-step times (see module doc)."""
+    """Where warm-up ends: in a measurement's windows (``kept_from``), or in a limit probe's
+    per-step times (``settled_at``); see module doc."""
 
     window: int = 5
     rel_tol: float = 0.05
@@ -234,6 +247,26 @@ class SettleRule:
     def earliest(self) -> int:
         """The smallest index ``settled_at`` can return: ``min_steps + 2 * window``."""
         return self.min_steps + 2 * self.window
+
+    def kept_from(self, windows: Sequence[float], sizes: Sequence[int]) -> int | None:
+        """Index of the first window a measurement keeps (the windows before it are warm-up),
+        or None: not known yet. ``windows``: samples/s of each window timed so far, after
+        ``min_steps`` discarded steps; ``sizes``: the steps of each (see module doc)."""
+        if self.rel_tol >= 1:  # no window can run that far below another: each is kept
+            return 0 if windows else None
+        w = self.window
+        before = self.min_steps  # steps before window j
+        for j, rate in enumerate(windows):
+            if before >= self.max_steps:
+                return j
+            after = windows[j + 1 : j + 1 + w]
+            if len(after) < w:
+                return None
+            ref = float(np.median(after))
+            if rate >= (1 - self.rel_tol) * ref and set(sizes[j : j + 1 + w]) == {sizes[j]}:
+                return j
+            before += sizes[j]
+        return None
 
     def settled_at(self, step_times: Sequence[float]) -> int | None:
         """Index of the first timed step (earlier steps are warm-up), or None: not settled yet.
@@ -305,27 +338,22 @@ class PruneRule:
         return trial.high < bar * (1 - self.margin)
 
     def hopeless(
-        self, step_rates: Sequence[float], incumbent: Interval | float | None
+        self, window_rates: Sequence[float], incumbent: Interval | float | None
     ) -> float | None:
-        """During warm-up: how many times slower than the incumbent's low bound the last
-        ``HOPELESS_LAST`` steps ran (median samples/s a step), once at least
-        ``HOPELESS_STEPS`` steps ran and when that is ``hopeless_factor`` or more; else None.
-        Such a trial cannot come near the incumbent whatever its windows would say (a bf16
-        step emulated on a CPU ran 20x slower), and waiting for its warm-up to settle spent
-        whole trial timeouts. The first steps (compilation, cuDNN's search, the allocator)
-        are never judged alone."""
-        if incumbent is None or len(step_rates) < HOPELESS_STEPS:
+        """How many times slower than the incumbent's low bound the windows so far ran (their
+        median, settled or not), once ``min_windows`` ran (an interval needs two), when that
+        is ``hopeless_factor`` or more; else None. Such a trial cannot come near the
+        incumbent whatever more windows would say (a bf16 step emulated on a CPU ran 20x
+        slower), and waiting for its warm-up to settle spent whole trial timeouts. The
+        windows follow the discarded first steps (compilation, cuDNN's search, the
+        allocator), which are never judged."""
+        if incumbent is None or len(window_rates) < self.min_windows:
             return None
         bar = incumbent.low if isinstance(incumbent, Interval) else float(incumbent)
-        rate = float(np.median(step_rates[-HOPELESS_LAST:]))
+        rate = float(np.median(window_rates))
         if not math.isfinite(bar) or bar <= 0 or rate <= 0:
             return None
         return bar / rate if bar / rate >= self.hopeless_factor else None
-
-
-#: Warm-up steps before that is judged, and the last steps it is judged on.
-HOPELESS_STEPS = 6
-HOPELESS_LAST = 3
 
 
 def _exp_interval(center: float, hw: float, n: int) -> Interval:

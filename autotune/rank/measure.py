@@ -1,12 +1,15 @@
 """What runs inside one DDP rank's process: apply a trial's configuration, train, measure.
 
 One function, ``run_rank``, in the order a trial lives: the process group and the workload in
-DDP with the trial's settings (``rank.session.open_session``); warm-up until the step time
-settles (not timed); timed windows, the device synchronised at both edges of each, until the
-throughput interval is narrow enough, the cap, or the trial is clearly below the incumbent
-(pruned) - or, for a limit probe (``RankSpec.limit``), ``rank.limit_probe.probe`` instead of the
-windows; the result; the process group destroyed on every path. Each decision is taken from
-the slowest rank's times, which one all-reduce gives every rank, so all ranks decide alike.
+DDP with the trial's settings (``rank.session.open_session``); ``min_warmup_steps`` steps of
+warm-up (not timed); timed windows, the device synchronised at both edges of each, the first
+of them warm-up too while they run slower than the ones after them
+(``stats.SettleRule.kept_from``), until the kept windows' throughput interval is narrow
+enough, the cap, or the trial is clearly below the incumbent (pruned) - or, for a limit probe
+(``RankSpec.limit``), a warm-up until the step time settles and ``rank.limit_probe.probe``
+instead of the windows; the result; the process group destroyed on every path. Each decision
+is taken from the slowest rank's times, which one all-reduce gives every rank, so all ranks
+decide alike.
 
 Environment variables (``NCCL_*``, ``OMP_NUM_THREADS``) are not set here: Ray puts them in the
 process when it starts it, before this function and so before the process group exists.
@@ -34,11 +37,11 @@ import os
 import statistics
 import time
 import traceback
+from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.core import allocator
 from autotune.core.rank_io import NonFiniteLoss, RankResult, RankSpec
-from autotune.core.stats import HOPELESS_LAST
 from autotune.rank.env import output_to
 from autotune.rank.session import LAST_GROUP, Session, open_session
 
@@ -78,112 +81,154 @@ def _run_rank(spec: RankSpec, store: Any) -> RankResult:
 
     started = time.perf_counter()
     with open_session(spec, store) as s:
-        m = spec.measure
         if spec.limit is not None:  # a few steps: the probe's own figures are medians
-            from autotune.rank.limit_probe import probe_warmup
-
-            m = probe_warmup(m)
-        # Warm-up: until the slowest rank's step time settles (autotune.core.stats.SettleRule).
-        settle, prune_rule = m.settle_rule(), m.prune_rule()
-        incumbent = spec.incumbent if spec.limit is None else None
+            return _probe(s, started)
+        m = spec.measure
+        # Warm-up: the steps always discarded; the last one's time sizes the windows.
         warmup_started = time.perf_counter()
         step_times: list[float] = []
-        last_losses: list[Any] = []
-        while settle.settled_at(step_times) is None:
-            s.sync()
-            t = time.perf_counter()
-            last = s.step()
-            s.sync()
-            step_times.append(s.slowest([time.perf_counter() - t])[0])
-            last_losses = [*last_losses[-HOPELESS_LAST + 1 :], last]
-            if len(step_times) >= m.min_warmup_steps and not math.isfinite(float(last)):
-                # before spending more warm-up or any window on it
-                raise NonFiniteLoss(f"loss is {float(last)} after {len(step_times)} warm-up steps")
-            rates = [s.samples_per_step / x for x in step_times]
-            if prune_rule.hopeless(rates, incumbent) is not None:  # the same on every rank
-                ended = time.perf_counter()  # set-up includes warm-up, as a measured trial's
-                return _result(
-                    s,
-                    rates[-HOPELESS_LAST:],
-                    step_times[-HOPELESS_LAST:],
-                    1,
-                    "hopeless",
-                    float(torch.stack(last_losses).mean()),
-                    None,
-                    setup_s=ended - started,
-                    warmup_s=ended - warmup_started,
-                    warmup_steps=len(step_times),
-                    measure_s=0.0,
-                )
-        per_step = statistics.median(step_times[-m.settle_window :])
-        steps = min(max(math.ceil(m.window_s / per_step), m.min_steps), m.max_steps)
-        measure_started = time.perf_counter()
-        setup_s = measure_started - started  # process group, model, DDP, loader, warm-up
-
-        if spec.limit is not None:  # the limit probe instead of the timed windows
-            from autotune.rank.limit_probe import probe
-
-            windows, seconds, losses, found = probe(s, steps, per_step, spec.limit)
-            stop = "limit"
-        else:
-            windows, seconds, losses, stop = _windows(s, steps)
-            found = None
-        measure_s = time.perf_counter() - measure_started
-        if spec.trace is not None and spec.limit is None:  # after the windows, outside them
+        last: Any = None
+        for _ in range(max(m.min_warmup_steps, 1)):
+            took, last = _timed_step(s)
+            step_times.append(took)
+        if not math.isfinite(float(last)):  # before any window is spent on it
+            raise NonFiniteLoss(f"loss is {float(last)} after {len(step_times)} warm-up steps")
+        timed = _windows(s, step_times[-1])
+        kept = timed.kept
+        ended = time.perf_counter()
+        if spec.trace is not None and timed.stop != "hopeless":  # after the windows
             from autotune.rank.limit_probe import trace_steps
 
             trace_steps(s, spec.trace)
+        losses = [x for window in timed.losses[kept:] for x in window]
         loss = float(torch.stack(losses).mean())
         if not math.isfinite(loss):
             raise NonFiniteLoss(f"loss is {loss} after {len(losses)} measured steps")
+        first = timed.starts[kept]  # where the kept windows start: warm-up ends
         return _result(
             s,
-            windows,
-            seconds,
-            steps,
-            stop,
+            timed.windows[kept:],
+            timed.seconds[kept:],
+            timed.sizes[kept:],
+            timed.stop,
             loss,
-            found,
-            setup_s=setup_s,
-            warmup_s=measure_started - warmup_started,
-            warmup_steps=len(step_times),
-            measure_s=measure_s,
+            None,
+            setup_s=first - started,
+            warmup_s=first - warmup_started,
+            warmup_steps=len(step_times) + sum(timed.sizes[:kept]),
+            measure_s=ended - first,
         )
 
 
-def _windows(s: Session, steps: int) -> tuple[list[float], list[float], list[Any], str]:
-    """Timed windows of ``steps`` steps until the interval is narrow enough, the cap, or the
-    trial is clearly below the incumbent: (samples/s over all ranks per window, the slowest
-    rank's seconds per window, losses, why they stopped)."""
+def _timed_step(s: Session) -> tuple[float, Any]:
+    """One warm-up step: the slowest rank's seconds, and the loss."""
+    s.sync()
+    t = time.perf_counter()
+    last = s.step()
+    s.sync()
+    return s.slowest([time.perf_counter() - t])[0], last
+
+
+def _probe(s: Session, started: float) -> RankResult:
+    """The limit probe (``rank.limit_probe``) after a warm-up until the slowest rank's step
+    time settles (``SettleRule.settled_at``), instead of the windows."""
+    import torch
+
+    from autotune.rank.limit_probe import probe, probe_warmup
+
+    m = probe_warmup(s.spec.measure)
+    settle = m.settle_rule()
+    warmup_started = time.perf_counter()
+    step_times: list[float] = []
+    while settle.settled_at(step_times) is None:
+        took, last = _timed_step(s)
+        step_times.append(took)
+        if len(step_times) >= m.min_warmup_steps and not math.isfinite(float(last)):
+            raise NonFiniteLoss(f"loss is {float(last)} after {len(step_times)} warm-up steps")
+    per_step = statistics.median(step_times[-m.settle_window :])
+    steps = m.window_steps(per_step)
+    measure_started = time.perf_counter()
+    windows, seconds, losses, found = probe(s, steps, per_step, s.spec.limit or {})
+    loss = float(torch.stack(losses).mean())
+    if not math.isfinite(loss):
+        raise NonFiniteLoss(f"loss is {loss} after {len(losses)} measured steps")
+    return _result(
+        s,
+        windows,
+        seconds,
+        [1] * len(windows),  # the probe's windows are single steps
+        "limit",
+        loss,
+        found,
+        setup_s=measure_started - started,
+        warmup_s=measure_started - warmup_started,
+        warmup_steps=len(step_times),
+        measure_s=time.perf_counter() - measure_started,
+    )
+
+
+@dataclass
+class _Timed:
+    """A measurement's windows, all of them (``kept``: the first one counted)."""
+
+    windows: list[float] = field(default_factory=list)
+    """Samples/s over all ranks, per window."""
+    seconds: list[float] = field(default_factory=list)
+    """The slowest rank's seconds, per window."""
+    sizes: list[int] = field(default_factory=list)
+    """Steps per window."""
+    starts: list[float] = field(default_factory=list)
+    losses: list[list[Any]] = field(default_factory=list)
+    kept: int = 0
+    stop: str = ""
+
+
+def _windows(s: Session, step_s: float) -> _Timed:
+    """Timed windows, the first sized from the last warm-up step's ``step_s`` and each after
+    it from the one before until one is kept; the first ones warm-up while they run slower
+    than the ones after them (``SettleRule.kept_from``); until the kept ones' interval is
+    narrow enough, the cap, or the trial is clearly below the incumbent (pruned) or
+    hopelessly (hopeless, settled or not)."""
     import torch.distributed as dist
 
     m, spec = s.spec.measure, s.spec
-    stop_rule, prune_rule = m.stop_rule(), m.prune_rule()
+    settle, stop_rule, prune_rule = m.settle_rule(), m.stop_rule(), m.prune_rule()
     incumbent = spec.incumbent
-    samples_per_window = steps * s.samples_per_step
-    windows: list[float] = []
-    seconds: list[float] = []
-    losses: list[Any] = []
+    steps = m.window_steps(step_s)
+    out = _Timed()
+    kept = None
     while True:
         dist.barrier()
         s.sync()
         t0 = time.perf_counter()
-        losses.extend(s.step() for _ in range(steps))
+        out.starts.append(t0)
+        out.losses.append([s.step() for _ in range(steps)])
         s.sync()
-        seconds.append(s.slowest([time.perf_counter() - t0])[0])
-        windows.append(samples_per_window / seconds[-1])
-        if prune_rule.should_prune(windows, incumbent):
-            return windows, seconds, losses, "pruned"
-        done, stop = stop_rule.decide(windows)
+        out.seconds.append(s.slowest([time.perf_counter() - t0])[0])
+        out.sizes.append(steps)
+        out.windows.append(steps * s.samples_per_step / out.seconds[-1])
+        kept = settle.kept_from(out.windows, out.sizes)
+        counted = out.windows if kept is None else out.windows[kept:]
+        if prune_rule.hopeless(counted, incumbent):  # the same on every rank
+            out.kept, out.stop = kept or 0, "hopeless"
+            return out
+        if kept is None:  # still warming up: the next window sized from this one if far off
+            steps = m.resized(steps, out.seconds[-1])
+            continue
+        out.kept = kept
+        if prune_rule.should_prune(counted, incumbent):
+            out.stop = "pruned"
+            return out
+        done, out.stop = stop_rule.decide(counted)
         if done:
-            return windows, seconds, losses, stop
+            return out
 
 
 def _result(
     s: Session,
     windows: list[float],
     seconds: list[float],
-    steps: int,
+    sizes: list[int],
     stop: str,
     loss: float,
     limit: dict[str, Any] | None,
@@ -209,8 +254,7 @@ def _result(
         "grad_scaler": s.scaler.is_enabled(),
         "compile": s.compile_facts(),  # what compiled, and nothing after the session's first steps
     }
-    per_window = steps if limit is None else 1  # the limit probe's windows are single steps
-    counted = per_window * len(windows)
+    counted = sum(sizes)
     return RankResult(
         rank=spec.rank,
         applied=applied,
@@ -219,7 +263,7 @@ def _result(
         samples=counted * cfg.micro_batch * cfg.accumulation_steps,
         window_s=sum(seconds),
         windows=windows,
-        steps_per_window=per_window,
+        steps_per_window=sizes[-1] if sizes else 0,
         stop=stop,
         loss=loss,
         loss_curve=[float(x) for x in s.curve],

@@ -77,6 +77,10 @@ class Run:
     windows: list[float]
     overhead_s: float
     window_s: float
+    stepped_warmup: int | None = None
+    """Warm-up steps of a run recorded with the step-level settle rule (the rule before a
+    measurement's first windows settled it): replayed as a run now warms up, its overhead
+    less the steps beyond ``min_warmup_steps``; None for a run recorded as runs are now."""
 
 
 @dataclass
@@ -113,9 +117,15 @@ class Landscape:
                 failing={**base.failing, **failing},
                 meta={**base.meta, "base": raw["base"]},
             )
+        stepped = raw.get("settle") != "windows"  # recorded before the windows settled warm-up
         runs = {
             k: [
-                Run(r["windows"], r["overhead_s"], r["window_s"])
+                Run(
+                    r["windows"],
+                    r["overhead_s"],
+                    r["window_s"],
+                    r.get("warmup_steps") if stepped else None,
+                )
                 for r in rs
                 if r.get("windows")  # a failed run of a point is not a measurement
             ]
@@ -256,11 +266,14 @@ class ReplayMeasurer:
                 break
         per_window = run.window_s / len(run.windows)
         window_s = per_window * len(windows)
-        # a re-measurement run settles over fewer steps than the recorded trial did, each as
-        # long as a step at this point's throughput
-        fewer = m.warmup_steps_fewer(self.d.measure)
+        # a run recorded with the step-level settle rule warmed up longer than a run does now
+        # by its steps beyond the discarded ones, each as long as a step at this point's
+        # throughput (``Run.stepped_warmup``)
         step_s = config.global_batch / statistics.median(run.windows)
-        wall = max(run.overhead_s - fewer * step_s, 0.0) + window_s
+        first = max(m.min_warmup_steps, 1)
+        fewer = 0 if run.stepped_warmup is None else max(run.stepped_warmup - first, 0)
+        overhead_s = max(run.overhead_s - fewer * step_s, 0.0)
+        wall = overhead_s + window_s
         if trace is not None:  # the traced steps after the windows, at this point's step time
             wall += PROFILED_STEPS * step_s
         self.clock += wall
@@ -274,7 +287,7 @@ class ReplayMeasurer:
             windows=windows,
             steps_per_window=max(1, steps // len(windows)),
             stop=stop,
-            setup_s=run.overhead_s,
+            setup_s=overhead_s,
             measure_s=window_s,
         )
         self.log.append((self.clock, self.config_key(config)))

@@ -21,8 +21,9 @@ The command runs under ``autotune.script.guard``, which ends every process the c
 started when the trial ends, and by itself should the driver die (``kill -9``).
 
 ``StepStream`` turns rank 0's time stamps into the same measurement as a built-in trial's
-(``autotune.rank.measure``): warm-up until the step time settles (``SettleRule``), then windows of
-about ``window_s`` until the stop rule or the prune rule ends it. ``run_script`` starts the
+(``autotune.rank.measure``): ``min_warmup_steps`` steps of warm-up, then windows of about
+``window_s``, the first of them warm-up too while they run slower than the ones after them
+(``SettleRule.kept_from``), until the stop rule or the prune rule ends it. ``run_script`` starts the
 command in a session of its own, reads the reports as they come, and ends it through the
 guard once the trial is measured, fails, or runs out of time: no process of the script
 outlives its trial. A script that never reports a step within
@@ -63,7 +64,7 @@ from autotune.core.errors import FailureReason, TrialFailed
 from autotune.core.numerics import CURVE_STEPS
 from autotune.core.rank_io import RankResult
 from autotune.core.results import TrialResult
-from autotune.core.stats import HOPELESS_LAST, Interval
+from autotune.core.stats import Interval
 from autotune.core.step_report import BadReport, Reports
 from autotune.script import guard as script_guard
 
@@ -90,8 +91,9 @@ DRAIN_S = 5.0
 class StepStream:
     """Rank 0's step time stamps in, a measurement out (see the module doc). ``feed`` takes
     the stamps seen so far (seconds, increasing as ``Reports`` checks them) and returns True
-    once the trial is measured: ``windows`` (samples/s over all ranks), ``seconds`` and
-    ``stop`` hold the result."""
+    once the trial is measured: ``windows`` (samples/s over all ranks) and ``seconds`` of the
+    windows it counts, and ``stop``, hold the result; ``warmup_steps`` the steps before them
+    (the discarded ones and the windows that were still warming up)."""
 
     measure: MeasureSettings
     samples_per_step: float
@@ -101,50 +103,54 @@ class StepStream:
     stop: str = ""
     warmup_steps: int | None = None
     steps_per_window: int = 0
+    counted_steps: int = 0
+    """Steps in the windows counted."""
+    timed: list[float] = field(default_factory=list)
+    """Every window's samples/s, the warm-up ones included; ``timed_s`` their seconds,
+    ``sizes`` their steps (sized from the window before until one is kept)."""
+    timed_s: list[float] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
 
     def feed(self, stamps: Sequence[float]) -> bool:
         if self.stop:
             return True
         m = self.measure
-        if self.warmup_steps is None:
-            times = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
-            at = m.settle_rule().settled_at(times)
-            if at is None:
-                return self._hopeless(times)
-            self.warmup_steps = at
-            per_step = statistics.median(times[at - m.settle_window : at])
-            n = math.ceil(m.window_s / per_step) if per_step > 0 else m.min_steps
-            self.steps_per_window = min(max(n, m.min_steps), m.max_steps)
-        stop_rule, prune_rule = m.stop_rule(), m.prune_rule()
-        n, first = self.steps_per_window, self.warmup_steps
-        while first + (len(self.windows) + 1) * n < len(stamps):
-            k = first + len(self.windows) * n
+        first = max(m.min_warmup_steps, 1)  # steps discarded; the last one sizes the windows
+        if len(stamps) <= first:
+            return False
+        if not self.steps_per_window:
+            self.steps_per_window = m.window_steps(stamps[first] - stamps[first - 1])
+        settle, stop_rule, prune_rule = m.settle_rule(), m.stop_rule(), m.prune_rule()
+        while True:
+            n, k = self.steps_per_window, first + sum(self.sizes)
+            if k + n >= len(stamps):
+                return False
             seconds = stamps[k + n] - stamps[k]
             if not 0 < seconds < math.inf:  # what Reports refuses: never a division by 0
                 raise ValueError(f"steps {k} to {k + n} took {seconds} s: stamps must increase")
-            self.seconds.append(seconds)
-            self.windows.append(n * self.samples_per_step / seconds)
-            if prune_rule.should_prune(self.windows, self.incumbent):
-                self.stop = "pruned"
-                return True
-            done, why = stop_rule.decide(self.windows)
+            self.sizes.append(n)
+            self.timed_s.append(seconds)
+            self.timed.append(n * self.samples_per_step / seconds)
+            kept = settle.kept_from(self.timed, self.sizes)
+            counted = self.timed if kept is None else self.timed[kept:]
+            if prune_rule.hopeless(counted, self.incumbent) is not None:
+                return self._end(kept or 0, "hopeless")
+            if kept is None:  # still warming up: the next window sized from this one if far off
+                self.steps_per_window = m.resized(n, seconds)
+                continue
+            if prune_rule.should_prune(counted, self.incumbent):
+                return self._end(kept, "pruned")
+            done, why = stop_rule.decide(counted)
             if done:
-                self.stop = why
-                return True
-        return False
+                return self._end(kept, why)
 
-    def _hopeless(self, times: list[float]) -> bool:
-        """Whether the warm-up's steps already run hopelessly below the incumbent
-        (``PruneRule.hopeless``): its last steps are then the trial's windows, stop
-        ``hopeless``."""
-        rates = [self.samples_per_step / t if t > 0 else math.inf for t in times]
-        if self.measure.prune_rule().hopeless(rates, self.incumbent) is None:
-            return False
-        self.warmup_steps = len(times) - HOPELESS_LAST
-        self.steps_per_window = 1
-        self.seconds = times[-HOPELESS_LAST:]
-        self.windows = rates[-HOPELESS_LAST:]
-        self.stop = "hopeless"
+    def _end(self, kept: int, stop: str) -> bool:
+        """The measurement ends: the windows from ``kept`` on count, stop ``stop``."""
+        first = max(self.measure.min_warmup_steps, 1)
+        self.warmup_steps = first + sum(self.sizes[:kept])
+        self.windows, self.seconds = self.timed[kept:], self.timed_s[kept:]
+        self.counted_steps = sum(self.sizes[kept:])
+        self.stop = stop
         return True
 
 
@@ -424,7 +430,7 @@ def _rank_result(
     reports (``rank0``) for the time before them and the loss."""
     stamps, losses = rank0.stamps, rank0.losses
     window_s = sum(stream.seconds)
-    n = stream.steps_per_window * len(stream.windows)
+    n = stream.counted_steps
     first = stream.warmup_steps or 0
     return RankResult(
         rank=0,
@@ -574,8 +580,7 @@ def _check_losses(stream: StepStream, losses: list[float], steps: int, measured:
     if not losses:
         return
     if measured:
-        n = stream.steps_per_window * len(stream.windows)
-        loss = _mean(losses[-n:])
+        loss = _mean(losses[-stream.counted_steps :])
         if not math.isfinite(loss):
             raise TrialFailed(
                 FailureReason.NAN, f"the script reported loss {loss} over its measured steps"

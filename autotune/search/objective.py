@@ -218,12 +218,10 @@ class Objective:
         return failure
 
     def _rerun_s(self, result: TrialResult) -> float:
-        """What a re-measurement run of this configuration will cost: its windows, after a
-        warm-up shorter by the steps its settle rule needs fewer."""
+        """What a re-measurement run of this configuration will cost: the trial's overhead
+        (its set-up and the same warm-up), and its windows."""
         per_window = result.window_s / len(result.windows)
-        m = self.d.measure
-        fewer = m.rerun().warmup_steps_fewer(m) * result.step_time_s
-        return max(result.overhead_s - fewer, 0.0) + m.rerun_windows * per_window
+        return result.overhead_s + self.d.measure.rerun_windows * per_window
 
     def _bar(self, trial: optuna.Trial) -> Interval | None:
         """The interval a trial is pruned below: the incumbent's; for a screening trial the

@@ -18,7 +18,7 @@ from tests.conftest import autotune_cmd
 TARGET = Target(
     backend="gloo", device="cpu", world_size=2, global_batch=32, cpus_per_rank=1, bf16=True
 )
-QUICK = MeasureSettings(settle_window=2, window_s=0.3, min_windows=2, max_windows=3)
+QUICK = MeasureSettings(window_s=0.3, min_windows=2, max_windows=3)
 
 
 @pytest.fixture(scope="module")

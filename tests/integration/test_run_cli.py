@@ -17,7 +17,6 @@ import pytest
 from optuna.trial import TrialState
 from optuna_dashboard import get_note
 
-from autotune.core.stats import HOPELESS_LAST
 from autotune.profile.profile import Profile
 from tests.conftest import autotune_cmd, started_run, wait_for
 from tests.integration.conftest import (
@@ -69,10 +68,10 @@ def test_study_holds_a_complete_baseline_and_measured_trials(finished_run):
             assert a["stop"] in ("converged", "cap")
         else:  # pruned: clearly below the incumbent (upper bound under the incumbent's lower
             # bound), with its numbers so far; that can be decided as late as the last window.
-            # Or hopeless: its last warm-up steps 4x or more below the incumbent (on a loaded
-            # machine, seen in CI), recorded as its windows
+            # Or hopeless: its windows 4x or more below the incumbent (on a loaded machine,
+            # seen in CI), from the first on
             pruned = a["stop"] == "pruned" and len(a["windows"]) <= 6
-            assert pruned or a["stop"] == "hopeless" and len(a["windows"]) == HOPELESS_LAST
+            assert pruned or a["stop"] == "hopeless" and 1 <= len(a["windows"]) <= 6
             best = max(x.value for x in trials if x.state == TrialState.COMPLETE)
             assert ci["high"] < best
     for t in trials:

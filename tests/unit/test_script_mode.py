@@ -513,17 +513,39 @@ def test_a_failed_command_is_named_by_its_ranks_own_error_not_torchruns_banner(
     assert error_line(log) == says
 
 
-def test_a_scripts_warm_up_hopelessly_below_the_incumbent_is_pruned_before_it_settles():
+def test_a_scripts_windows_hopelessly_below_the_incumbent_end_the_trial_settled_or_not():
     s = StepStream(M, samples_per_step=64.0, incumbent=Interval(21000.0, 20000.0, 22000.0, 5))
-    slower = [0.1 * 1.3**k for k in range(40)]  # never settles: would run to the warm-up's cap
-    assert not s.feed(stamps(slower[:5]))  # 5 steps: not judged yet
-    assert s.feed(stamps(slower[:6]))  # 6 steps, the last 3 at 172-291 samples/s: 89x below
-    assert (s.stop, s.steps_per_window, s.warmup_steps) == ("hopeless", 1, 3)
-    assert s.seconds == pytest.approx(slower[3:6])
-    assert s.windows == pytest.approx([64 / t for t in slower[3:6]])
-    # the same steps against an incumbent within 4x: still warming up
-    near = StepStream(M, samples_per_step=64.0, incumbent=Interval(450.0, 400.0, 500.0, 5))
-    assert not near.feed(stamps(slower[:8]))
+    slow = [1.0] * 20  # 64 samples/s: 312x below the incumbent's low bound
+    # 2 discarded steps, then windows of min_steps (2) steps: judged once two have ended
+    assert not s.feed(stamps(slow[:5]))
+    assert s.feed(stamps(slow[:6]))
+    assert (s.stop, s.steps_per_window, s.warmup_steps) == ("hopeless", 2, 2)
+    assert s.windows == pytest.approx([64.0] * 2) and s.seconds == pytest.approx([2.0] * 2)
+    # the same steps against an incumbent within 4x: the prune rule's to judge
+    below = StepStream(M, samples_per_step=64.0, incumbent=Interval(220.0, 200.0, 240.0, 5))
+    assert below.feed(stamps(slow[:6])) and below.stop == "pruned"
+    near = StepStream(M, samples_per_step=64.0, incumbent=Interval(70.0, 60.0, 80.0, 5))
+    assert not near.feed(stamps(slow[:6]))
+
+
+def test_a_scripts_slow_first_window_is_warm_up_and_the_next_ones_are_sized_from_it():
+    # the second step says 0.5 s: a first window of 2 steps, still slow (0.375 + 0.125 s),
+    # its steps a quarter off the size's: the next one sized from it (4 steps of 0.125 s),
+    # again (8 steps), and the kept windows all of one size
+    s = StepStream(M, samples_per_step=64.0)
+    assert s.feed(stamps([1.0, 0.5, 0.375] + [0.125] * 80))
+    assert s.sizes[:3] == [2, 4, 8]
+    assert s.timed[0] == pytest.approx(256.0)
+    assert s.warmup_steps == 2 + 2 + 4 and s.counted_steps == 8 * len(s.windows)
+    assert s.windows == pytest.approx([512.0] * len(s.windows))
+
+
+def test_windows_within_a_quarter_of_their_size_are_not_sized_again():
+    m = MeasureSettings(window_s=1.0)
+    assert m.window_steps(0.26) == 4 and m.window_steps(0.24) == 5
+    assert m.resized(4, 4 * 0.24) == 4  # 5 steps where 4 ran: 25 % off, not more
+    assert m.resized(4, 4 * 0.125) == 8 and m.resized(8, 8 * 0.5) == 2
+    assert m.window_steps(0.0) == m.min_steps
 
 
 def test_a_failed_script_is_named_from_the_end_of_its_log(tmp_path):

@@ -159,6 +159,48 @@ def test_steady_decrease_never_settles_and_hits_max_steps():
     assert linear.settled_at(lin[:40]) == 40
 
 
+# ------------------------------------------------------- SettleRule over a measurement's windows
+
+
+def test_windows_are_kept_from_the_first_one_not_slower_than_the_ones_after_it():
+    rule = SettleRule(window=1, rel_tol=0.05, min_steps=2, max_steps=100)
+    # one window says nothing yet: the one after it decides
+    assert rule.kept_from([100.0], [4] * 1) is None
+    assert rule.kept_from([100.0, 101.0], [4] * 2) == 0
+    # a first window 4 % below the next is kept; 10 % below is warm-up
+    assert rule.kept_from([96.0, 100.0], [4] * 2) == 0
+    assert rule.kept_from([90.0, 100.0], [4] * 2) is None
+    assert rule.kept_from([90.0, 100.0, 99.0], [4] * 3) == 1
+    # a decaying warm-up: kept from the first window within 5 % of the next
+    assert rule.kept_from([60.0, 80.0, 95.0, 99.0, 100.0, 101.0], [4] * 6) == 2
+    # a first window faster than the ones after it is noise, not warm-up: kept
+    assert rule.kept_from([120.0, 100.0], [4] * 2) == 0
+
+
+def test_a_tolerance_of_1_or_more_keeps_the_first_window_without_waiting_for_the_next():
+    # no window runs 100 % below another: a one-window measurement (min and max windows 1)
+    # ends at its window
+    assert SettleRule(window=1, rel_tol=1.0).kept_from([100.0], [4]) == 0
+    assert SettleRule(window=1, rel_tol=1.0).kept_from([], []) is None
+    assert SettleRule(window=1, rel_tol=0.99).kept_from([100.0], [4]) is None
+
+
+def test_windows_settle_over_the_median_of_the_next_ones():
+    rule = SettleRule(window=2, rel_tol=0.05, min_steps=2, max_steps=100)
+    assert rule.kept_from([100.0, 100.0], [4] * 2) is None  # two windows after it are needed
+    # one slow window after it (a GC pause) does not move the median it is judged against
+    assert rule.kept_from([100.0, 60.0, 101.0], [4] * 3) == 0
+
+
+def test_windows_that_never_settle_are_kept_once_the_warm_up_reaches_max_steps():
+    rule = SettleRule(window=1, rel_tol=0.05, min_steps=2, max_steps=14)
+    rising = [50.0 * 1.1**i for i in range(10)]  # 10 % faster every window
+    assert rule.kept_from(rising[:3], [4] * 3) is None  # 2 + 2 * 4 steps: not yet 14
+    # window 3 starts after 2 + 3 * 4 = 14 steps: kept, whatever follows
+    assert rule.kept_from(rising[:4], [4] * 4) == 3
+    assert rule.kept_from(rising, [4] * 10) == 3
+
+
 # ---------------------------------------------------------------------------------- StopRule
 
 
@@ -432,20 +474,18 @@ def test_interleave_rejects_duplicate_keys():
         interleave(["a", "a"], rounds=2)
 
 
-def test_a_warm_up_hopelessly_below_the_incumbent_is_pruned_then_and_not_before_its_6th_step():
+def test_windows_hopelessly_below_the_incumbent_are_pruned_from_the_second_one():
     rule = PruneRule()
     bar = Interval(median=1000.0, low=950.0, high=1050.0, n=5)
-    slow = [50.0] * 10  # 19x below the bar's low bound
-    assert [rule.hopeless(slow[:n], bar) is not None for n in range(1, 8)] == [False] * 5 + [
-        True
-    ] * 2
-    assert rule.hopeless(slow[:6], bar) == pytest.approx(19.0)
-    # compilation's slow first steps, then steps near the bar: never pruned
-    assert rule.hopeless([1.0, 2.0, 5.0, 900.0, 980.0, 1010.0], bar) is None
-    # below the bar, but less than 4x: for the windows' rule to judge
-    assert rule.hopeless([300.0] * 8, bar) is None
-    assert PruneRule(hopeless_factor=2.5).hopeless([300.0] * 8, bar) == pytest.approx(950 / 300)
-    assert rule.hopeless(slow, None) is None
+    assert rule.hopeless([50.0], bar) is None  # one window: no interval to record yet
+    assert rule.hopeless([50.0, 50.0], bar) == pytest.approx(19.0)  # 19x below the low bound
+    assert PruneRule(min_windows=3).hopeless([50.0, 50.0], bar) is None
+    # judged on the median: one slow window among good ones is not hopeless
+    assert rule.hopeless([50.0, 980.0, 1010.0], bar) is None
+    # below the bar, but less than 4x: for the prune rule to judge
+    assert rule.hopeless([300.0] * 3, bar) is None
+    assert PruneRule(hopeless_factor=2.5).hopeless([300.0] * 3, bar) == pytest.approx(950 / 300)
+    assert rule.hopeless([50.0], None) is None
     with pytest.raises(ValueError):
         PruneRule(hopeless_factor=1.0)
 
