@@ -330,14 +330,17 @@ class Budget:
         room = self.left_s() - self.limit_reserve_s(run)
         return max(0, min(plan[1], int(room // (ablation_runs(knobs) * run))))
 
-    def more_rounds(self, done: int, arms: int = 2, most: int = MAX_ROUNDS) -> int:
+    def more_rounds(
+        self, done: int, arms: int = 2, most: int = MAX_ROUNDS, keep_runs: int = 0
+    ) -> int:
         """Rounds of ``arms`` re-validation runs, after the ``done`` rounds measured, that the
-        budget left holds before the limit probes, at their measured mean time
-        (``_rerun_mean``), up to ``most`` in all; 0 before any re-validation run."""
+        budget left holds before ``keep_runs`` runs more and the limit probes, at their
+        measured mean time (``_rerun_mean``), up to ``most`` in all; 0 before any
+        re-validation run."""
         run = self._rerun_mean()
         if run is None:
             return 0
-        room = self.left_s() - self.limit_reserve_s(run)
+        room = self.left_s() - self.limit_reserve_s(run) - keep_runs * run
         return max(0, min(most - done, int(room // (arms * run))))
 
     def fresh_run_s(self) -> float | None:

@@ -37,6 +37,9 @@ def test_the_budget_holds_more_rounds_at_the_re_validation_s_own_run_time():
     now[0] = 100.0  # 100 s left: 5 rounds of two 10 s runs
     assert b.more_rounds(3) == 5
     assert b.more_rounds(MAX_ROUNDS - 2) == 2  # never past MAX_ROUNDS in all
+    # the ablation's second look keeps the joint check's runs: 4 of 10 s leave 3 rounds
+    assert b.more_rounds(3, keep_runs=4) == 3
+    assert b.more_rounds(3, most=6) == 3  # up to as many again as were measured
     now[0] = 185.0
     assert b.more_rounds(3) == 0  # 15 s hold no round of 20 s
 
