@@ -34,7 +34,7 @@ from autotune.core.choice import interleave
 from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.events import Emit, Note
 from autotune.core.knobs import changed_knobs
-from autotune.core.stats import speedup_ci
+from autotune.core.stats import Interval, speedup_ci
 from autotune.core.values import ratio_interval
 from autotune.definition.space import ResolvedSpace
 from autotune.definition.studydef import StudyDefinition
@@ -49,6 +49,7 @@ from autotune.record.attrs import (
 )
 from autotune.search.budget import Budget
 from autotune.search.interleaved import measure_interleaved
+from autotune.search.screening import HELPS
 
 __all__ = ["PIN", "ablate", "pin_contribution", "variants"]
 
@@ -259,8 +260,8 @@ def _contributions(
     params: dict[str, Any],
 ) -> tuple[dict[str, Contribution], bool]:
     """Each changed knob's contribution: the winner over the winner without it, paired by
-    round; kept when that interval lies above 1, or when it could not be measured. When none
-    is kept, all are, together (the second value)."""
+    round; kept when it carries gain (``_carries``), or when it could not be measured. When
+    none is kept, all are, together (the second value)."""
     out: dict[str, Contribution] = {}
     for k, p in options.items():
         key = f"without {k}"
@@ -273,13 +274,26 @@ def _contributions(
             n = min(len(runs[WINNER]), len(runs[key]))  # paired by round
             sp = speedup_ci(runs[WINNER][:n], runs[key][:n], CONFIDENCE)
             out[k] = Contribution(
-                value=params[k], speedup=[sp.low, sp.median, sp.high], kept=sp.low > 1.0
+                value=params[k], speedup=[sp.low, sp.median, sp.high], kept=_carries(sp)
             )
     together = not any(c.kept for c in out.values())
     if together:
         for c in out.values():
             c.kept = True
     return out, together
+
+
+def _carries(sp: Interval) -> bool:
+    """Whether a knob (or knobs set back together) carries the winner's gain: the winner over
+    itself without it has its 95 % interval above 1, or its median at ``HELPS`` (the
+    screening's bar for a gain) or more, its interval still reaching 1. Few rounds prove only
+    the largest gains: replayed 5-minute runs on the recorded default landscape ablated over
+    2-3 rounds and dropped 5 MB buckets (a true 4.6 %) in a quarter of the seeds, exporting
+    0.954 of the best point; keeping a median gain of 2 % or more, 85 % of the seeds export a
+    point at 0.98 or more, against 62 %. A knob with less than that and no interval above 1
+    is dropped: ``compile`` at 1.001x [0.980, 1.022] costs the job its compilation for
+    nothing measured."""
+    return sp.low > 1.0 or sp.median >= 1.0 + HELPS
 
 
 def pin_contribution(validation: ValidationRecord) -> dict[str, Contribution]:
@@ -308,7 +322,12 @@ def _say(record: AblationRecord, emit: Emit) -> None:
         if k == PIN:
             emit(Note(f"  {PIN}: {shown}, kept ({c.why})"))
         else:
-            verdict = "kept" if c.kept else "dropped: no gain beyond the noise"
+            if not c.kept:
+                verdict = f"dropped: less than {HELPS:.0%} and no gain beyond the noise"
+            elif low > 1.0 or record.together:
+                verdict = "kept"
+            else:
+                verdict = f"kept: a gain of {HELPS:.0%} or more, not yet beyond the noise"
             emit(Note(f"  {k}={c.value}: the winner is {shown} itself without it - {verdict}"))
     if record.together:
         emit(Note("No knob carries the gain alone beyond the noise: they are kept together"))
@@ -338,8 +357,12 @@ def _check_joint(bench: _Bench, knobs: list[str], reduced: TrialConfig, rounds: 
     runs, _, timed_s = done
     k = min(len(runs[WINNER]), len(runs[REDUCED]))
     sp = speedup_ci(runs[WINNER][:k], runs[REDUCED][:k], CONFIDENCE)
-    kept_back = sp.low > 1.0
-    verdict = "together they carry gain: kept" if kept_back else "no gain beyond the noise: dropped"
+    kept_back = _carries(sp)
+    verdict = (
+        "together they carry gain: kept"
+        if kept_back
+        else f"less than {HELPS:.0%} and no gain beyond the noise: dropped"
+    )
     shown = ratio_interval(sp.median, sp.low, sp.high, digits=3)
     why = f"the winner is {shown} itself without them - {verdict}"
     return JointCheck(
