@@ -83,14 +83,18 @@ TODAY = "as it runs today"
 
 
 def candidates(
-    study: optuna.Study, top: int, rejected: frozenset[tr.Point] = frozenset()
+    study: optuna.Study,
+    top: int,
+    rejected: frozenset[tr.Point] = frozenset(),
+    passed: list[str] | None = None,
 ) -> dict[str, optuna.trial.FrozenTrial]:
     """The ``top`` COMPLETE trials fastest against the defaults measured nearest to each in
     time (``record.study.anchored_speedup``) and above them, one per configuration, by key
     ``trial N``; never the defaults themselves, nor a point of ``rejected`` (measured by an
     earlier re-validation of this run and not borne out: ``rejected``), nor a trial that adds
     a numerics-changing setting to a leaner one and reads within ``HELPS`` of it
-    (``passenger``)."""
+    (``passenger``). ``passed``: where given, one line for each such passenger that read
+    faster than the last candidate taken, saying why it is not among them."""
     base = baseline_trial(study)
     if base is None:
         return {}
@@ -103,7 +107,17 @@ def candidates(
         key = tr.point(t)
         if tr.is_baseline(t) or key in seen or speedups[t.number] <= 1.0:
             continue
-        if passenger(t, done, speedups, changes):
+        leaner = passenger(t, done, speedups, changes)
+        if leaner is not None:
+            if passed is not None:
+                added = ", ".join(
+                    f"{k}={v}" for k, v in changes[t.number].items() if k not in changes[leaner]
+                )
+                passed.append(
+                    f"Not re-validated: trial {t.number} ({speedups[t.number]:.2f}x) adds {added} "
+                    f"to trial {leaner} ({speedups[leaner]:.2f}x) and reads within the noise of "
+                    "it: a change to what is computed that no trial could tell is worth it"
+                )
             continue
         seen.add(key)
         out[f"trial {t.number}"] = t
@@ -117,22 +131,22 @@ def passenger(
     done: list[optuna.trial.FrozenTrial],
     speedups: dict[int, float],
     changes: dict[int, dict[str, Any]],
-) -> bool:
-    """Whether ``t`` changes every knob a leaner trial of ``done`` changes, at its values, and
-    more, one of them changing what is computed (``core.numerics.changes_numerics``: lower
-    precision, a compressing hook), without reading above it by more than ``HELPS`` or, where
-    wider, the two trials' noise (their intervals' relative half-widths, combined). What it
-    adds did not help in the search, as a screened partner that does not join the stack
-    (``screening.Stack``), and costs numerics: the leaner trial competes in its place. On the
-    recorded 500 Mbit landscape the fp16 hook with 5 MB buckets, and with bf16 on top (0.3 %
-    apart), were both screened; where the plan held one candidate, half of the replayed
-    5-minute runs took the one with bf16 and had no budget left to ablate it; at 300 Mbit
-    bf16 on top of the hook read 2.3 % above it on trials +-1.5 % and +-3.6 % wide, and a
-    quarter of the runs exported it (0.975 of the best; the hook with 5 MB buckets is 0.983,
-    and a lower precision whose gain no trial could tell is not worth what it changes). A knob that
-    leaves the numerics alone is not judged here, on one trial each: 5 MB buckets on top of
-    the hook gain 2 % at 300 Mbit, within one trial's noise, and the re-validation's rounds
-    and the ablation tell."""
+) -> int | None:
+    """The leaner trial of ``done`` (its number) whose knobs ``t`` changes at its values, and more,
+    one of them changing what is computed (``core.numerics.changes_numerics``: lower precision,
+    a compressing hook), without reading above it by more than ``HELPS`` or, where wider, the
+    two trials' noise (their intervals' relative half-widths, combined); None when there is
+    none, and ``t`` competes. What it adds did not help in the search, as a screened partner
+    that does not join the stack (``screening.Stack``), and costs numerics: the leaner trial
+    competes in its place. On the recorded 500 Mbit landscape the fp16 hook with 5 MB buckets,
+    and with bf16 on top (0.3 % apart), were both screened; where the plan held one candidate,
+    half of the replayed 5-minute runs took the one with bf16 and had no budget left to ablate
+    it; at 300 Mbit bf16 on top of the hook read 2.3 % above it on trials +-1.5 % and +-3.6 %
+    wide, and a quarter of the runs exported it (0.975 of the best; the hook with 5 MB buckets
+    is 0.983, and a lower precision whose gain no trial could tell is not worth what it
+    changes). A knob that leaves the numerics alone is not judged here, on one trial each: 5 MB
+    buckets on top of the hook gain 2 % at 300 Mbit, within one trial's noise, and the
+    re-validation's rounds and the ablation tell."""
     mine = changes[t.number]
     numerics = set(changes_numerics(tr.config(t)))
     for u in done:
@@ -143,8 +157,8 @@ def passenger(
         within = speedups[t.number] <= (1 + margin) * speedups[u.number]
         subset = all(mine.get(k) == x for k, x in theirs.items())
         if within and subset and numerics - set(changes_numerics(tr.config(u))):
-            return True
-    return False
+            return u.number
+    return None
 
 
 def rejected(study: optuna.Study, record: ValidationRecord | None) -> frozenset[tr.Point]:
@@ -200,7 +214,10 @@ def revalidate(
     if plan is None or base is None:
         return None
     top, rounds = plan
-    picked = candidates(study, top, rejected(study, earlier))
+    passed: list[str] = []
+    picked = candidates(study, top, rejected(study, earlier), passed)
+    for line in passed:
+        emit(Note(line))
     if not picked:
         more = " not re-validated already" if earlier is not None else ""
         emit(Note(f"No trial{more} measured above the baseline: nothing to re-validate"))

@@ -731,5 +731,12 @@ def test_a_numerics_change_within_the_two_trials_noise_is_no_candidate():
             assert tr.on_top(both) == "static_graph=True"
             assert tr.speedup(both) / tr.speedup(alone) == pytest.approx(1.03)
             assert (tr.rel_noise(both) > 0.02) is (noise > 0)
-            picked = list(candidates(r.study, 12).values())
+            said: list[str] = []
+            picked = list(candidates(r.study, 12, passed=said).values())
             assert (both in picked) is not (numerics and noise > 0), (partner, noise)
+            # the one left out is said, with what it adds and the trial it adds it to
+            mine = [x for x in said if x.startswith(f"Not re-validated: trial {both.number} ")]
+            if numerics and noise > 0:
+                assert len(mine) == 1 and f"adds comm_hook=fp16 to trial {alone.number}" in mine[0]
+            else:
+                assert not mine, said
