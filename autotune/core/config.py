@@ -16,7 +16,7 @@ into the settings each rank applies where they act:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, ClassVar
 
@@ -254,6 +254,32 @@ class MeasureSettings:
         windows after the same warm-up. The noise of such a comparison is between runs, so
         short runs in more rounds say more than long runs in few."""
         return replace(self, min_windows=self.rerun_windows, max_windows=self.rerun_windows)
+
+    @property
+    def discarded_steps(self) -> int:
+        """Steps a measurement discards before its first window: ``min_warmup_steps``, at
+        least one (its time sizes the first window)."""
+        return max(self.min_warmup_steps, 1)
+
+    def judge(
+        self, windows: Sequence[float], sizes: Sequence[int], incumbent: Any
+    ) -> tuple[int | None, str]:
+        """What a measurement's windows so far decide (``windows``: samples/s, ``sizes``:
+        their steps; ``incumbent``: an ``stats.Interval`` or None): the first window kept
+        (``SettleRule.kept_from``; None while the windows are still warming up), and why the
+        measurement stops - ``hopeless``, ``pruned``, ``converged`` or ``cap`` - or "" while
+        it goes on. Built-in ranks and script mode both decide by it."""
+        kept = self.settle_rule().kept_from(windows, sizes)
+        counted = windows if kept is None else windows[kept:]
+        prune_rule = self.prune_rule()
+        if prune_rule.hopeless(counted, incumbent) is not None:
+            return kept, "hopeless"
+        if kept is None:
+            return None, ""
+        if prune_rule.should_prune(counted, incumbent):
+            return kept, "pruned"
+        done, why = self.stop_rule().decide(counted)
+        return kept, why if done else ""
 
     def window_steps(self, step_s: float) -> int:
         """Steps in a window of about ``window_s`` at ``step_s`` seconds a step, within

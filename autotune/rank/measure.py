@@ -88,7 +88,7 @@ def _run_rank(spec: RankSpec, store: Any) -> RankResult:
         warmup_started = time.perf_counter()
         step_times: list[float] = []
         last: Any = None
-        for _ in range(max(m.min_warmup_steps, 1)):
+        for _ in range(m.discarded_steps):
             took, last = _timed_step(s)
             step_times.append(took)
         if not math.isfinite(float(last)):  # before any window is spent on it
@@ -192,11 +192,8 @@ def _windows(s: Session, step_s: float) -> _Timed:
     import torch.distributed as dist
 
     m, spec = s.spec.measure, s.spec
-    settle, stop_rule, prune_rule = m.settle_rule(), m.stop_rule(), m.prune_rule()
-    incumbent = spec.incumbent
     steps = m.window_steps(step_s)
     out = _Timed()
-    kept = None
     while True:
         dist.barrier()
         s.sync()
@@ -207,21 +204,13 @@ def _windows(s: Session, step_s: float) -> _Timed:
         out.seconds.append(s.slowest([time.perf_counter() - t0])[0])
         out.sizes.append(steps)
         out.windows.append(steps * s.samples_per_step / out.seconds[-1])
-        kept = settle.kept_from(out.windows, out.sizes)
-        counted = out.windows if kept is None else out.windows[kept:]
-        if prune_rule.hopeless(counted, incumbent):  # the same on every rank
-            out.kept, out.stop = kept or 0, "hopeless"
+        kept, stop = m.judge(out.windows, out.sizes, spec.incumbent)  # the same on every rank
+        out.kept = kept or 0
+        if stop:
+            out.stop = stop
             return out
         if kept is None:  # still warming up: the next window sized from this one if far off
             steps = m.resized(steps, out.seconds[-1])
-            continue
-        out.kept = kept
-        if prune_rule.should_prune(counted, incumbent):
-            out.stop = "pruned"
-            return out
-        done, out.stop = stop_rule.decide(counted)
-        if done:
-            return out
 
 
 def _result(

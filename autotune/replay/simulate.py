@@ -270,8 +270,7 @@ class ReplayMeasurer:
         # by its steps beyond the discarded ones, each as long as a step at this point's
         # throughput (``Run.stepped_warmup``)
         step_s = config.global_batch / statistics.median(run.windows)
-        first = max(m.min_warmup_steps, 1)
-        fewer = 0 if run.stepped_warmup is None else max(run.stepped_warmup - first, 0)
+        fewer = 0 if run.stepped_warmup is None else max(run.stepped_warmup - m.discarded_steps, 0)
         overhead_s = max(run.overhead_s - fewer * step_s, 0.0)
         wall = overhead_s + window_s
         if trace is not None:  # the traced steps after the windows, at this point's step time

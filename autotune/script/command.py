@@ -115,12 +115,11 @@ class StepStream:
         if self.stop:
             return True
         m = self.measure
-        first = max(m.min_warmup_steps, 1)  # steps discarded; the last one sizes the windows
+        first = m.discarded_steps  # the last one sizes the first window
         if len(stamps) <= first:
             return False
         if not self.steps_per_window:
             self.steps_per_window = m.window_steps(stamps[first] - stamps[first - 1])
-        settle, stop_rule, prune_rule = m.settle_rule(), m.stop_rule(), m.prune_rule()
         while True:
             n, k = self.steps_per_window, first + sum(self.sizes)
             if k + n >= len(stamps):
@@ -131,23 +130,15 @@ class StepStream:
             self.sizes.append(n)
             self.timed_s.append(seconds)
             self.timed.append(n * self.samples_per_step / seconds)
-            kept = settle.kept_from(self.timed, self.sizes)
-            counted = self.timed if kept is None else self.timed[kept:]
-            if prune_rule.hopeless(counted, self.incumbent) is not None:
-                return self._end(kept or 0, "hopeless")
+            kept, stop = m.judge(self.timed, self.sizes, self.incumbent)
+            if stop:
+                return self._end(kept or 0, stop)
             if kept is None:  # still warming up: the next window sized from this one if far off
                 self.steps_per_window = m.resized(n, seconds)
-                continue
-            if prune_rule.should_prune(counted, self.incumbent):
-                return self._end(kept, "pruned")
-            done, why = stop_rule.decide(counted)
-            if done:
-                return self._end(kept, why)
 
     def _end(self, kept: int, stop: str) -> bool:
         """The measurement ends: the windows from ``kept`` on count, stop ``stop``."""
-        first = max(self.measure.min_warmup_steps, 1)
-        self.warmup_steps = first + sum(self.sizes[:kept])
+        self.warmup_steps = self.measure.discarded_steps + sum(self.sizes[:kept])
         self.windows, self.seconds = self.timed[kept:], self.timed_s[kept:]
         self.counted_steps = sum(self.sizes[kept:])
         self.stop = stop
