@@ -9,7 +9,11 @@ from typing import Any
 from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.stats import Interval
 
-__all__ = ["MemoryLimitExceeded", "NonFiniteLoss", "RankResult", "RankSpec"]
+__all__ = ["AFTER_WINDOWS", "MemoryLimitExceeded", "NonFiniteLoss", "RankResult", "RankSpec"]
+
+#: The limit probe's setting (``RankSpec.limit``) that takes it after the trial's own windows,
+#: in the same session, instead of in their place: no set-up and warm-up of its own.
+AFTER_WINDOWS = "after_windows"
 
 
 class MemoryLimitExceeded(MemoryError):
@@ -47,7 +51,8 @@ class RankSpec:
     limit: dict[str, Any] | None = None
     """The limit probe's settings (``autotune.rank.limit_probe.probe``): after the warm-up, time the
     step's phases with and without communication and the all-reduce alone, instead of the
-    timed windows. None: a trial."""
+    timed windows; with ``AFTER_WINDOWS`` set in them, after the trial's own windows (the
+    baseline's first measurement, ``search.first_look``). None: a trial."""
     trace: str | None = None
     """Where rank 0 writes a Chrome trace of ``PROFILED_STEPS`` DDP steps taken after the timed
     windows (``autotune.rank.limit_probe.trace_steps``), outside every timed figure. None: no
@@ -99,4 +104,8 @@ class RankResult:
     node_ip: str | None = None
     """The address of the node the rank ran on."""
     limit: dict[str, Any] | None = None
-    """What the limit probe measured (the slowest rank's; every rank holds the same)."""
+    """What the limit probe measured (the slowest rank's; every rank holds the same). After
+    the windows (``AFTER_WINDOWS``) a probe that raised holds ``{"failed": its error}``."""
+    probe_s: float = 0.0
+    """Seconds of a limit probe taken after the windows (``AFTER_WINDOWS``), outside every
+    other figure; 0: none."""

@@ -80,6 +80,11 @@ class Measurer(Protocol):
     def can_probe(self) -> bool:
         """Whether the limit probe (``limit=``) can run."""
 
+    @property
+    def folds_probe(self) -> bool:
+        """Whether a run takes the limit probe after its own windows (``limit=`` with
+        ``core.rank_io.AFTER_WINDOWS``): the baseline trial's first measurement."""
+
     def use(self, runner: Placement) -> None:
         """The calling thread's trials run on ``runner`` (one of ``runners``) from now on."""
 
@@ -185,6 +190,12 @@ class RayMeasurer:
     @property
     def can_probe(self) -> bool:
         """Whether the limit probe can run."""
+        return True
+
+    @property
+    def folds_probe(self) -> bool:
+        """Whether a run takes the limit probe after its own windows: the study's ranks do
+        (``rank.measure``)."""
         return True
 
     @property

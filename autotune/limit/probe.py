@@ -67,6 +67,7 @@ from autotune.record.typed import RecordError
 __all__ = [
     "bounds",
     "breakdown",
+    "completed",
     "measure_limit",
     "next_step",
     "no_gain",
@@ -328,14 +329,43 @@ def probe_one(
     record = dict(result.ranks[0].limit or {})
     if untraced is not None:
         record["untraced"] = untraced
+    record["measure_s"] = round(result.ranks[0].measure_s, 2)  # without set-up and warm-up
+    return completed(
+        record,
+        trial,
+        config,
+        free_batch=free_batch,
+        device=device,
+        ruled_out=ruled_out,
+        wall_s=time.monotonic() - t0,
+        trace=None if trace is None or not trace.exists() else trace,
+    )
+
+
+def completed(
+    probed: dict[str, Any],
+    trial: int,
+    config: TrialConfig,
+    *,
+    free_batch: bool = False,
+    device: str = "cpu",
+    ruled_out: frozenset[str] = frozenset(),
+    wall_s: float,
+    trace: Path | None = None,
+) -> dict[str, Any]:
+    """The record of a probe of ``config`` (trial ``trial``) from what its ranks measured
+    (``probed``, ``RankResult.limit``): with its bounds, breakdown and next step, the
+    ``wall_s`` it took and the ``trace`` it wrote. Raises ``KeyError`` where a figure is
+    missing."""
+    record = dict(probed)
     record.update(
         trial=trial,
         config=config.to_dict(),
         bounds=bounds(record),
         breakdown={k: round(v, 6) for k, v in breakdown(record).items()},
         next=next_step(record, config, free_batch=free_batch, device=device, ruled_out=ruled_out),
-        wall_s=round(time.monotonic() - t0, 2),
-        trace=None if trace is None or not trace.exists() else str(trace),
+        wall_s=round(wall_s, 2),
+        trace=None if trace is None else str(trace),
     )
     return record
 

@@ -7,9 +7,9 @@ of them warm-up too while they run slower than the ones after them
 (``stats.SettleRule.kept_from``), until the kept windows' throughput interval is narrow
 enough, the cap, or the trial is clearly below the incumbent (pruned) - or, for a limit probe
 (``RankSpec.limit``), a warm-up until the step time settles and ``rank.limit_probe.probe``
-instead of the windows; the result; the process group destroyed on every path. Each decision
-is taken from the slowest rank's times, which one all-reduce gives every rank, so all ranks
-decide alike.
+instead of the windows, or the probe after them (``AFTER_WINDOWS``); the result; the process
+group destroyed on every path. Each decision is taken from the slowest rank's times, which one
+all-reduce gives every rank, so all ranks decide alike.
 
 Environment variables (``NCCL_*``, ``OMP_NUM_THREADS``) are not set here: Ray puts them in the
 process when it starts it, before this function and so before the process group exists.
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.core import allocator
-from autotune.core.rank_io import NonFiniteLoss, RankResult, RankSpec
+from autotune.core.rank_io import AFTER_WINDOWS, NonFiniteLoss, RankResult, RankSpec
 from autotune.rank.env import output_to
 from autotune.rank.session import LAST_GROUP, Session, open_session
 
@@ -81,8 +81,8 @@ def _run_rank(spec: RankSpec, store: Any) -> RankResult:
 
     started = time.perf_counter()
     with open_session(spec, store) as s:
-        if spec.limit is not None:  # a few steps: the probe's own figures are medians
-            return _probe(s, started)
+        if spec.limit is not None and not spec.limit.get(AFTER_WINDOWS):
+            return _probe(s, started)  # a few steps: the probe's own figures are medians
         m = spec.measure
         # Warm-up: the steps always discarded; the last one's time sizes the windows.
         warmup_started = time.perf_counter()
@@ -100,6 +100,9 @@ def _run_rank(spec: RankSpec, store: Any) -> RankResult:
             from autotune.rank.limit_probe import trace_steps
 
             trace_steps(s, spec.trace)
+        found, probe_s = None, 0.0
+        if spec.limit is not None and timed.stop != "hopeless":  # AFTER_WINDOWS
+            found, probe_s = _probe_after(s, timed)
         losses = [x for window in timed.losses[kept:] for x in window]
         loss = float(torch.stack(losses).mean())
         if not math.isfinite(loss):
@@ -112,12 +115,35 @@ def _run_rank(spec: RankSpec, store: Any) -> RankResult:
             timed.sizes[kept:],
             timed.stop,
             loss,
-            None,
+            found,
             setup_s=first - started,
             warmup_s=first - warmup_started,
             warmup_steps=len(step_times) + sum(timed.sizes[:kept]),
             measure_s=ended - first,
+            probe_s=probe_s,
         )
+
+
+def _probe_after(s: Session, timed: _Timed) -> tuple[dict[str, Any], float]:
+    """The limit probe after the windows (``AFTER_WINDOWS``), which warmed the session up: its
+    record and seconds. It times its fewest steps (``least_steps``) at the kept windows'
+    median step unless its settings say how many. A probe that raises (every rank alike: its
+    steps and all-reduces are the same on each) does not fail the trial, whose windows are
+    measured: its record says why instead."""
+    from autotune.rank.limit_probe import least_steps, probe
+
+    kept = timed.kept
+    step_s = statistics.median(
+        sec / n for sec, n in zip(timed.seconds[kept:], timed.sizes[kept:], strict=True)
+    )
+    settings = dict(s.spec.limit or {})
+    settings["steps"] = settings.get("steps") or least_steps(step_s)
+    t0 = time.perf_counter()
+    try:
+        *_, found = probe(s, timed.sizes[-1], step_s, settings)
+    except Exception as e:  # noqa: BLE001 - said in the record; the trial stands
+        found = {"failed": f"{type(e).__name__}: {e}"}
+    return found, time.perf_counter() - t0
 
 
 def _timed_step(s: Session) -> tuple[float, Any]:

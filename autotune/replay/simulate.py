@@ -12,7 +12,9 @@ the clock advances by the seconds the run took. Nothing is started; a replay of 
 well under a second.
 
 The landscape's ``first_measurement`` (the defaults' probe) answers the search's first probe;
-without one (or ``evidence=False``) the screening goes in the priors' listed order.
+without one (or ``evidence=False``) the screening goes in the priors' listed order. Taken after
+the baseline's windows, as ``autotune run`` takes it, it costs its own seconds without its
+set-up and warm-up (``ReplayMeasurer.probe_alone_s``).
 
 A landscape's ``failing`` values (``knob=value`` -> (reason, seconds)) fail every point with
 them after that many simulated seconds, as a value that times out on real hardware does. Its
@@ -47,13 +49,14 @@ import optuna
 from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.errors import TrialFailed
 from autotune.core.events import Emit, ignore
-from autotune.core.rank_io import RankResult
+from autotune.core.rank_io import AFTER_WINDOWS, RankResult
 from autotune.core.results import TrialResult
 from autotune.core.stats import Interval
 from autotune.core.target import Target
 from autotune.definition.space import ResolvedSpace, SearchSpace
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.measurer import Placement
+from autotune.limit.probe import COMM_REPEATS
 from autotune.profile.export import study_profile
 from autotune.rank.limit_probe import PROFILED_STEPS
 from autotune.search.assembly import assemble
@@ -200,6 +203,7 @@ class ReplayMeasurer:
         self.runners = [_Runner()]
         self._cold = cold_first
         self.can_probe = evidence and landscape.first is not None  # a first measurement
+        self.folds_probe = self.can_probe  # taken after the baseline's windows
         #: (simulated seconds at its end, grid point) of every measurement, in order.
         self.log: list[tuple[float, str]] = []
         #: Every grid point's configuration as ``TrialConfig.from_values`` makes it (the
@@ -238,7 +242,7 @@ class ReplayMeasurer:
         limit: dict[str, Any] | None = None,
         trace: Path | None = None,
     ) -> TrialResult:
-        if limit is not None:
+        if limit is not None and not limit.get(AFTER_WINDOWS):
             return self._probe()
         m = measure or self.d.measure
         key = self.config_key(config)
@@ -275,6 +279,10 @@ class ReplayMeasurer:
         wall = overhead_s + window_s
         if trace is not None:  # the traced steps after the windows, at this point's step time
             wall += PROFILED_STEPS * step_s
+        probed, probe_s = None, 0.0
+        if limit is not None and stop != "hopeless" and self.can_probe:  # AFTER_WINDOWS
+            probed, probe_s = self._probed(), self.probe_alone_s()
+            wall += probe_s
         self.clock += wall
         self.timed_s += window_s
         steps = max(1, round(window_s * statistics.median(windows) / config.global_batch))
@@ -288,17 +296,38 @@ class ReplayMeasurer:
             stop=stop,
             setup_s=overhead_s,
             measure_s=window_s,
+            limit=probed,
+            probe_s=probe_s,
         )
         self.log.append((self.clock, self.config_key(config)))
         return TrialResult(ranks=[rank], wall_s=wall)
+
+    def _probed(self) -> dict[str, Any]:
+        """What the recorded first measurement's ranks measured."""
+        return {k: v for k, v in (self.landscape.first or {}).items() if k in _PROBED}
 
     def _probe(self) -> TrialResult:
         """The recorded first measurement, on the clock for the seconds it took."""
         first = self.landscape.first or {}
         wall = float(first.get("wall_s") or 0.0)
         self.clock += wall
-        rank = replace(_EMPTY, limit={k: v for k, v in first.items() if k in _PROBED})
+        rank = replace(_EMPTY, limit=self._probed())
         return TrialResult(ranks=[rank], wall_s=wall)
+
+    def probe_alone_s(self) -> float:
+        """The recorded first measurement's seconds without its set-up and warm-up: what it
+        takes after a run's windows. Its ``measure_s`` where recorded; else modelled from its
+        own figures: its DDP and bare steps, ``COMM_REPEATS`` rounds of the buckets and of
+        the last one, and one unmeasured and ``COMM_REPEATS`` measured rounds of each fit
+        size (``rank.limit_probe``). At most its ``wall_s``."""
+        first = self.landscape.first or {}
+        wall = float(first.get("wall_s") or 0.0)
+        if first.get("measure_s") is not None:
+            return min(float(first["measure_s"]), wall)
+        comm = first["comm"]
+        steps = first["steps"] * (first["ddp"]["step"] + first["compute"]["step"])
+        rounds = COMM_REPEATS * (comm["comm_s"] + comm["last_bucket_s"])
+        return min(steps + rounds + (COMM_REPEATS + 1) * sum(comm["fit_s"]), wall)
 
 
 #: What a probe's record holds (the landscape's first measurement adds its own figures).

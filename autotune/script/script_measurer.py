@@ -43,6 +43,12 @@ class ScriptMeasurer(RayMeasurer):
         super().__init__(study=study, runners=runners, definition=definition, target=target)
         self.files = files
 
+    @property
+    def folds_probe(self) -> bool:
+        """No: the script's first measurement is a run of its own, whose steps are timed phase
+        by phase (``script.first_measurement``), which its baseline's windows must not be."""
+        return False
+
     def fresh(
         self, number: int, config: TrialConfig, *, measure: MeasureSettings, pin: bool = True
     ) -> TrialResult:

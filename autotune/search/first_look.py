@@ -1,7 +1,13 @@
-"""The first measurement: the limit probe of the defaults, taken once right after the baseline
-trial (or read back from a resumed or shared study), and the screening order it gives. In
-script mode the probe is the script's own steps, timed, and the link's fit
-(``script.first_measurement``).
+"""The first measurement: the limit probe of the defaults, taken once with the baseline trial
+(or read back from a resumed or shared study), and the screening order it gives. In script mode
+the probe is the script's own steps, timed, and the link's fit (``script.first_measurement``).
+
+Where the measurer can (``folds_probe``), the baseline trial takes the probe in its own session
+after its windows (``fold_settings``; ``core.rank_io.AFTER_WINDOWS``), which warmed the step up:
+the probe costs its own seconds, not a set-up and warm-up of its own (5 s of 16 at 500 Mbit).
+The objective keeps what it measured (``Objective.baseline_probe``, ``Folded``) apart from the
+baseline's own seconds. Otherwise (script mode, a baseline another driver ran) the probe is a
+run of its own right after the baseline (``limit.probe.probe_one``).
 
 ``first_measurement`` runs on a search thread before any other trial. It says in one line what
 bounds the step (``limit.evidence.Evidence.describe``), the order the screening will take with each
@@ -25,13 +31,14 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autotune.core.errors import TrialFailed
+from autotune.core.errors import FailureReason, TrialFailed
 from autotune.core.events import Emit, Note
+from autotune.core.rank_io import AFTER_WINDOWS
 from autotune.core.values import speedup
 from autotune.definition.space import ResolvedSpace
 from autotune.definition.studydef import StudyDefinition
 from autotune.limit.evidence import Evidence
-from autotune.limit.probe import probe_one
+from autotune.limit.probe import COMM_REPEATS, completed, probe_one
 from autotune.record import trial as tr
 from autotune.record.attrs import FirstMeasurement, load, save
 from autotune.record.study import baseline_trial
@@ -39,7 +46,11 @@ from autotune.record.typed import RecordError
 from autotune.search.budget import Budget
 from autotune.search.screening import HELPS, plan
 
-__all__ = ["first_measurement", "probe_steps"]
+__all__ = ["Folded", "first_measurement", "fold_settings", "probe_steps"]
+
+#: What the baseline trial's probe after its windows measured (``RankResult.limit``) and its
+#: seconds.
+Folded = tuple[dict[str, Any], float]
 
 
 def first_measurement(
@@ -50,11 +61,13 @@ def first_measurement(
     definition: StudyDefinition,
     budget: Budget,
     emit: Emit,
+    folded: Folded | None = None,
 ) -> Evidence | None:
-    """The evidence the screening is ordered by (module doc); None where there is none."""
+    """The evidence the screening is ordered by (module doc); None where there is none.
+    ``folded``: the probe the baseline trial took after its windows (``fold_settings``)."""
     ev = _stored(study, emit)
     if ev is None:
-        ev = _probe_defaults(study, space, measure, definition, budget, emit)
+        ev = _probe_defaults(study, space, measure, definition, budget, emit, folded)
     if ev is None:
         return None
     todo, skipped = plan(space, ev)
@@ -80,6 +93,21 @@ def first_measurement(
                 )
             )
     return ev
+
+
+def fold_settings(study: optuna.Study, definition: StudyDefinition, measure: Any) -> dict | None:
+    """The probe's settings for the baseline trial to take after its windows, where the first
+    measurement will be taken here and the measurer can take it in the trial's session
+    (``folds_probe``); None: the baseline runs alone, and the first measurement (if any)
+    after it."""
+    if not (definition.limit and getattr(measure, "folds_probe", False)):
+        return None
+    try:
+        if load(study, FirstMeasurement) is not None:
+            return None
+    except RecordError:  # unreadable: measured again, and said so (``_stored``)
+        pass
+    return {"repeats": COMM_REPEATS, AFTER_WINDOWS: True}
 
 
 def _stored(study: optuna.Study, emit: Emit) -> Evidence | None:
@@ -121,8 +149,10 @@ def _probe_defaults(
     d: StudyDefinition,
     budget: Budget,
     emit: Emit,
+    folded: Folded | None,
 ) -> Evidence | None:
-    """The limit probe of the baseline's configuration; None (said) when there is none."""
+    """The limit probe of the baseline's configuration, ``folded`` into the baseline trial
+    where it was, else a probe of its own; None (said) when there is none."""
     if not d.limit:
         emit(Note("No first measurement (--no-limit): screening in the priors' listed order"))
         return None
@@ -135,19 +165,37 @@ def _probe_defaults(
         )
         return None
     base = baseline_trial(study)
-    if base is None or base.state != TrialState.COMPLETE or budget.left_s() <= 0:
+    if base is None or base.state != TrialState.COMPLETE:
+        return None
+    if folded is None and budget.left_s() <= 0:
         return None
     started = budget.elapsed_s()
     device = space.target.device
     try:  # untraced: every screening trial waits for it (``Assembly.defaults_trace`` later)
-        record = probe_one(
-            measure,
-            base.number,
-            tr.config(base),
-            free_batch=d.free_batch,
-            device=device,
-            steps=probe_steps(base.values[0] if base.values else None, space.target.global_batch),
-        )
+        if folded is not None:  # taken after the baseline's windows, in its session
+            probed, took = folded
+            if "failed" in probed:
+                raise TrialFailed(FailureReason.CRASH, str(probed["failed"]))
+            record = completed(
+                dict(probed, measure_s=round(took, 2)),
+                base.number,
+                tr.config(base),
+                free_batch=d.free_batch,
+                device=device,
+                wall_s=took,
+            )
+        else:
+            record = probe_one(
+                measure,
+                base.number,
+                tr.config(base),
+                free_batch=d.free_batch,
+                device=device,
+                steps=probe_steps(
+                    base.values[0] if base.values else None, space.target.global_batch
+                ),
+            )
+            took = budget.elapsed_s() - started
         ev = Evidence.from_probe(record, device=device, noise=max(tr.rel_noise(base), HELPS))
     except (TrialFailed, KeyError, TypeError, ValueError, ZeroDivisionError) as e:
         emit(
@@ -158,5 +206,6 @@ def _probe_defaults(
         )
         return None
     save(study, FirstMeasurement(evidence=ev.to_attrs(), probe=record))
-    emit(Note(f"First measurement ({budget.elapsed_s() - started:.0f} s): {ev.describe()}"))
+    where = ", after the baseline's windows" if folded is not None else ""
+    emit(Note(f"First measurement ({took:.0f} s{where}): {ev.describe()}"))
     return ev

@@ -3,7 +3,9 @@ trials until a stop.
 
 The first measurement (``search.first_look.first_measurement``) is the limit probe of the baseline's
 configuration, taken once and stored on the study (``record.attrs.FirstMeasurement``): it orders the
-screening by expected gain and skips what cannot help (``screening.plan``). The search stops
+screening by expected gain and skips what cannot help (``screening.plan``). Where the measurer can
+(``folds_probe``), the baseline trial takes it after its own windows, in the same session
+(``first_look.fold_settings``): no set-up and warm-up of its own. The search stops
 for one of the reasons in ``autotune.search.stop``, each said in one line and stored on the study:
 
 * **budget**: another trial and the reserve no longer fit. The reserve covers the
@@ -58,7 +60,7 @@ from autotune.record.study import (
     throughput,
 )
 from autotune.search.budget import Budget
-from autotune.search.first_look import first_measurement
+from autotune.search.first_look import first_measurement, fold_settings
 from autotune.search.objective import Objective
 from autotune.search.screening import Screening
 from autotune.search.stop import Convergence, reserve_for
@@ -157,8 +159,11 @@ class Search:
     def _search(self) -> bool:
         """The baseline, the first measurement, the trials (``run``); False when the budget
         ran out before the baseline."""
+        if self.screening is not None:  # the first measurement after the baseline's windows
+            self.objective.probe_with_baseline = fold_settings(self.study, self.d, self.measure)
         ready: list[bool] = []
         self._off_main([lambda: ready.append(self._baseline_first())])
+        self.objective.probe_with_baseline = None
         if not ready or not ready[0]:
             return False
         with self._lock:  # a resumed study: --patience counts from the best it already has
@@ -203,6 +208,7 @@ class Search:
             definition=self.d,
             budget=self.budget,
             emit=self.emit,
+            folded=self.objective.baseline_probe,
         )
 
     def _one_trial(self, serial: bool = False) -> None:

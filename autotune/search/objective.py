@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import shutil
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ from autotune.record import trial as tr
 from autotune.record.study import DRIVER, anchors, baseline_trial, incumbent, tag, throughput
 from autotune.search.budget import Budget
 from autotune.search.failing import known_failing, queued_by_design
+from autotune.search.first_look import Folded
 
 __all__ = ["Objective", "keep_logs"]
 
@@ -101,6 +102,11 @@ class Objective:
         self.interrupted_by = "Ctrl-C"
         self._lock = threading.Lock()
         self._dropped: set[str] = set()  # known failing values said (``_not_run``)
+        #: The first measurement's settings, for the first run of the defaults to take after
+        #: its windows (``first_look.fold_settings``); None: that run measures only itself.
+        self.probe_with_baseline: dict[str, Any] | None = None
+        #: What that probe measured and its seconds, once the baseline has run.
+        self.baseline_probe: Folded | None = None
 
     def interrupt(self, by: str) -> None:
         """Ctrl-C or SIGTERM (``by``) landed on the search driver's main thread, which is
@@ -133,6 +139,8 @@ class Objective:
             raise
         except TrialFailed as e:
             raise self._failed(trial, e, kind, changes, t0) from None
+        probe_s = self._probe_taken(result)
+        result = replace(result, wall_s=result.wall_s - probe_s)  # the trial's own seconds
         # None: another driver's baseline is not measured yet (a shared study's first minutes)
         # an anchor's speedup is its drift from the first baseline
         ref = None if not runs else throughput(runs[0 if kind.baseline else -1])
@@ -150,7 +158,9 @@ class Objective:
         hopeless = result.ranks[0].stop == "hopeless"  # one-step windows: no rerun estimate
         if kind.first:  # what the defaults' trace will cost (``Budget.trace_s``)
             self.budget.defaults_step_s = result.step_time_s
-        self.budget.trial_done(self.budget.now() - t0, None if hopeless else self._rerun_s(result))
+        self.budget.trial_done(
+            self.budget.now() - t0 - probe_s, None if hopeless else self._rerun_s(result)
+        )
         if drifted is not None:  # over pruning too: the more telling verdict
             self._fail(trial, drifted, changes)
             raise drifted
@@ -180,8 +190,9 @@ class Objective:
         # in a multi-objective study, and Optuna has no pruning there.
         prune = not (kind.baseline or self.d.multi_objective)
         bar = self._bar(trial) if prune else None
+        limit = self.probe_with_baseline if kind.first else None
         try:
-            result = self.measure(trial.number, config, bar, log_dir=log_dir)
+            result = self.measure(trial.number, config, bar, log_dir=log_dir, limit=limit)
         except TrialFailed as e:
             keep_logs(trial, log_dir)  # a failure's output is what the user reads first
             if log_dir is None or not log_dir.is_dir() or str(log_dir) in e.detail:
@@ -195,6 +206,15 @@ class Objective:
         elif log_dir is not None:  # a trial that ran: its output is not kept
             shutil.rmtree(log_dir, ignore_errors=True)
         return result
+
+    def _probe_taken(self, result: TrialResult) -> float:
+        """Keep what a probe after the windows measured (``baseline_probe``); its seconds
+        (0: none was taken), which are the first measurement's, not the trial's."""
+        rank = result.ranks[0]
+        if self.probe_with_baseline is None or rank.limit is None:
+            return 0.0
+        self.baseline_probe = (rank.limit, rank.probe_s)
+        return rank.probe_s
 
     def _failed(
         self, trial: optuna.Trial, e: TrialFailed, kind: _Kind, changes: dict, t0: float

@@ -185,7 +185,9 @@ def test_the_run_says_how_far_its_profile_is_from_the_limit(finished_run):
         assert "gloo:all_reduce" in {e.get("name") for e in trace["traceEvents"]}
         assert Path(base["trace"]).parent == finished_run["home"] / "logs" / STUDY / "limit"
     assert len(set(first["probe"]["comm"]["fit_bytes"])) >= 2  # the alpha-beta sweep
-    assert "First measurement (" in finished_run["stdout"]
+    # taken in the baseline trial's session, after its windows: its seconds are its own
+    assert ", after the baseline's windows): " in finished_run["stdout"]
+    assert first["probe"]["measure_s"] == first["probe"]["wall_s"] > 0
     assert "Screening order from the first measurement:" in finished_run["stdout"]
     # why the search stopped: said, and stored
     stop = study.user_attrs["stop"]

@@ -253,7 +253,7 @@ def test_a_screened_knob_whose_interval_does_not_clear_1_is_no_gain():
 
 def _measurer(limit: dict):
     def measure(trial, config, limit=None):
-        return SimpleNamespace(ranks=[SimpleNamespace(limit=copy.deepcopy(probe))])
+        return SimpleNamespace(ranks=[SimpleNamespace(limit=copy.deepcopy(probe), measure_s=1.0)])
 
     probe = limit
     return measure
@@ -348,7 +348,7 @@ def test_a_traced_probe_whose_rank_crashed_is_taken_again_without_the_trace(tmp_
         if limit["trace"] is not None:  # rank 0 wrote its trace, then a rank died
             Path(limit["trace"]).write_text("{}")
             raise TrialFailed(FailureReason.CRASH, "rank 1: its process died")
-        return SimpleNamespace(ranks=[SimpleNamespace(limit=copy.deepcopy(RECORD))])
+        return SimpleNamespace(ranks=[SimpleNamespace(limit=copy.deepcopy(RECORD), measure_s=1.0)])
 
     trace = tmp_path / "baseline.trace.json"
     got = probe_one(measure, 0, TrialConfig(), trace=trace)
@@ -470,7 +470,7 @@ def test_the_reused_probe_of_the_defaults_names_the_trace_this_run_took_or_takes
         asked.append((trial, measure, trace))
         if trace is not None:
             trace.write_text('{"traceEvents": []}')
-        return SimpleNamespace(ranks=[SimpleNamespace(limit=None)])
+        return SimpleNamespace(ranks=[SimpleNamespace(limit=None, measure_s=1.0)])
 
     def probe(study, m, traced=None, trace_dir=tmp_path, emit=lambda e: None):
         return measure_limit(
@@ -515,7 +515,7 @@ def test_the_reused_probe_of_the_defaults_names_the_trace_this_run_took_or_takes
         if trace is not None:  # rank 0 wrote its trace, then a rank died
             trace.write_text("{}")
             raise TrialFailed(FailureReason.CRASH, "rank 1: its process died")
-        return SimpleNamespace(ranks=[SimpleNamespace(limit=None)])
+        return SimpleNamespace(ranks=[SimpleNamespace(limit=None, measure_s=1.0)])
 
     said: list = []
     got = probe(study, crashes_traced, emit=said.append)

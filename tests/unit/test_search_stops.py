@@ -209,3 +209,49 @@ def test_a_resumed_study_takes_its_first_measurement_once():
     replay(land, seed=2, n_trials=4, budget_s=300.0, storage=storage, emit=emit)
     assert any("stored first measurement is unreadable" in s for s in said)
     assert Evidence.from_attrs(again.study.user_attrs[FIRST_ATTR]["evidence"])
+
+
+def test_the_first_measurement_is_taken_after_the_baselines_windows(monkeypatch):
+    """The defaults' probe runs in the baseline trial's session, after its windows: it costs
+    its own seconds (the recorded probe's steps, all-reduce rounds and sweep), not a set-up
+    and warm-up of its own, and the baseline's recorded seconds are its own. On the 500 Mbit
+    landscape the screening's first trial ends that much sooner than with a probe apart."""
+    from autotune.record import trial as tr
+    from autotune.record.study import baseline_trial
+    from autotune.search import loop
+
+    land = Landscape.load(LANDSCAPES / "lab-500mbit.json")
+    probe = land.first or {}
+    comm = probe["comm"]
+    alone = (
+        probe["steps"] * (probe["ddp"]["step"] + probe["compute"]["step"])
+        + 3 * (comm["comm_s"] + comm["last_bucket_s"])
+        + 4 * sum(comm["fit_s"])
+    )
+
+    def run():
+        said: list[str] = []
+        r = replay(
+            land,
+            seed=0,
+            n_trials=4,
+            budget_s=300.0,
+            emit=lambda e: said.append(str(getattr(e, "text", ""))),
+        )
+        firsts = [s for s in said if s.startswith("First measurement (")]
+        return r, firsts
+
+    folded, firsts = run()
+    assert len(firsts) == 1 and "after the baseline's windows" in firsts[0], firsts
+    record = folded.study.user_attrs[FIRST_ATTR]["probe"]
+    assert record["wall_s"] == pytest.approx(alone, abs=0.01) and alone < probe["wall_s"] - 4
+    assert record["trial"] == 0 and record["bounds"] and record["breakdown"]
+    # a probe apart: the recorded probe's whole seconds, set-up and warm-up included
+    monkeypatch.setattr(loop, "fold_settings", lambda *a: None)
+    apart, firsts = run()
+    assert firsts == [firsts[0]] and firsts[0].startswith(
+        f"First measurement ({probe['wall_s']:.0f} s):"
+    )
+    base = [tr.measured(baseline_trial(r.study), "wall_s") for r in (folded, apart)]
+    assert base[0] == base[1]  # the baseline's own seconds, without the probe
+    assert apart.found_s - folded.found_s == pytest.approx(probe["wall_s"] - alone, abs=0.01)
