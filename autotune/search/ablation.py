@@ -312,13 +312,22 @@ def pin_contribution(validation: ValidationRecord) -> dict[str, Contribution]:
     return {PIN: Contribution(value="on", kept=True, speedup=[low, med, high], why=why)}
 
 
+def _shown(median: float, low: float, high: float) -> str:
+    """A knob's ratio with its interval, to 3 decimals, or more where 3 would round a median
+    under ``HELPS`` up to it (a median of 1.0197 read "1.020x ... dropped: less than 2%")."""
+    digits = 3
+    while digits < 6 and median < 1.0 + HELPS <= round(median, digits):
+        digits += 1
+    return ratio_interval(median, low, high, digits=digits)
+
+
 def _say(record: AblationRecord, emit: Emit) -> None:
     for k, c in record.contributions.items():
         if c.speedup is None:
             emit(Note(f"  {k}={c.value}: kept ({c.why})"))
             continue
         low, med, high = c.speedup
-        shown = ratio_interval(med, low, high, digits=3)
+        shown = _shown(med, low, high)
         if k == PIN:
             emit(Note(f"  {PIN}: {shown}, kept ({c.why})"))
         else:
@@ -363,7 +372,7 @@ def _check_joint(bench: _Bench, knobs: list[str], reduced: TrialConfig, rounds: 
         if kept_back
         else f"less than {HELPS:.0%} and no gain beyond the noise: dropped"
     )
-    shown = ratio_interval(sp.median, sp.low, sp.high, digits=3)
+    shown = _shown(sp.median, sp.low, sp.high)
     why = f"the winner is {shown} itself without them - {verdict}"
     return JointCheck(
         knobs=knobs,

@@ -740,3 +740,15 @@ def test_a_numerics_change_within_the_two_trials_noise_is_no_candidate():
                 assert len(mine) == 1 and f"adds comm_hook=fp16 to trial {alone.number}" in mine[0]
             else:
                 assert not mine, said
+
+
+def test_a_knobs_ratio_is_never_rounded_onto_the_bar_it_is_judged_by():
+    """A median just under the 2 % bar is shown with the digits that keep it under: a line
+    reading "1.020x ... dropped: less than 2%" contradicts itself."""
+    from autotune.search.ablation import _shown
+
+    assert _shown(1.0197, 0.999, 1.041).startswith("1.0197x [")
+    assert _shown(1.01999, 0.999, 1.041).startswith("1.01999x [")
+    assert _shown(1.0204, 0.999, 1.041) == "1.020x [0.999, 1.041]"  # kept: 2 % or more
+    assert _shown(1.012, 0.999, 1.041) == "1.012x [0.999, 1.041]"
+    assert _shown(1 + HELPS, 0.999, 1.041) == "1.020x [0.999, 1.041]"
