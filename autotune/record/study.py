@@ -43,6 +43,7 @@ __all__ = [
     "driver_identity",
     "enqueue_baseline",
     "failure_reasons",
+    "in_present_terms",
     "incumbent",
     "is_autotune_study",
     "record",
@@ -196,11 +197,37 @@ def failure_reasons(study: optuna.Study) -> Counter[str]:
 
 
 def incumbent(study: optuna.Study) -> Interval | None:
-    """The best COMPLETE trial's throughput interval: a trial clearly below it is pruned."""
+    """The best COMPLETE trial's throughput interval as the machine runs now
+    (``in_present_terms``): a trial clearly below it is pruned. The best by its speedup over
+    the run of the defaults nearest it (``anchored_speedups``), not by its raw throughput: on
+    a machine that slows down, a trial measured early keeps the highest raw figure, and a
+    real 10-minute run whose defaults fell to 0.82x pruned 79 of 96 trials against it, among
+    them trials at 1.27-1.30x of the defaults beside them, above the best's 1.21x."""
     done = complete(study)
     if not done:
         return None
-    return tr.interval(max(done, key=throughput))  # None: measured without intervals
+    speedups = anchored_speedups(done)
+    best = max(done, key=lambda t: (speedups.get(t.number, 0.0), throughput(t)))
+    return in_present_terms(study, best)  # None: measured without intervals
+
+
+def in_present_terms(study: optuna.Study, t: FrozenTrial) -> Interval | None:
+    """``t``'s throughput interval scaled by how the machine drifted since: the latest run of
+    the defaults over the one nearest ``t`` (``nearest_anchor``), where the defaults now run
+    slower beyond the noise of both runs (their intervals apart). Never scaled up: a machine
+    that speeds up, and the cold first baseline (which reads low), leave the bar where it
+    was, and a bar left low prunes less, never more. None: ``t`` has no interval."""
+    iv = tr.interval(t)
+    runs = anchors(study)
+    near = nearest(runs, t)
+    if iv is None or near is None:
+        return iv
+    latest = max(runs, key=lambda a: a.number)
+    now, then = tr.interval(latest), tr.interval(near)
+    if now is None or then is None or now.high >= then.low or then.median <= 0:
+        return iv
+    k = now.median / then.median
+    return Interval(iv.median * k, iv.low * k, iv.high * k, iv.n)
 
 
 def tag(trial: optuna.Trial | FrozenTrial) -> str:

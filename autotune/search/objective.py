@@ -44,7 +44,15 @@ from autotune.definition.space import ResolvedSpace
 from autotune.definition.studydef import StudyDefinition
 from autotune.launch.measurer import Measurer
 from autotune.record import trial as tr
-from autotune.record.study import DRIVER, anchors, baseline_trial, incumbent, tag, throughput
+from autotune.record.study import (
+    DRIVER,
+    anchors,
+    baseline_trial,
+    in_present_terms,
+    incumbent,
+    tag,
+    throughput,
+)
 from autotune.search.budget import Budget
 from autotune.search.failing import known_failing, queued_by_design
 from autotune.search.first_look import Folded
@@ -245,10 +253,11 @@ class Objective:
 
     def _bar(self, trial: optuna.Trial) -> Interval | None:
         """The interval a trial is pruned below: the incumbent's; for a screening trial the
-        baseline's, since screening asks whether a knob beats the defaults, not the best."""
+        baseline's, since screening asks whether a knob beats the defaults, not the best;
+        either as the machine runs now (``record.study.in_present_terms``)."""
         if tr.screen_label(trial) is not None:
             base = baseline_trial(self.study)
-            if base is not None and (bar := tr.interval(base)) is not None:
+            if base is not None and (bar := in_present_terms(self.study, base)) is not None:
                 return bar
         return incumbent(self.study)
 
