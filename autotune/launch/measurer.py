@@ -35,6 +35,7 @@ import optuna
 from autotune.core import allocator
 from autotune.core.config import MeasureSettings, TrialConfig, as_it_runs
 from autotune.core.errors import ConfigError, FailureReason, TrialFailed
+from autotune.core.rank_io import AFTER_WINDOWS
 from autotune.core.results import TrialResult
 from autotune.core.stats import Interval
 from autotune.core.target import Target
@@ -237,7 +238,9 @@ class RayMeasurer:
         ``log_dir``, the ranks' output goes there; with ``limit``, it is the limit probe
         (``autotune.rank.limit_probe``); with ``trace``, rank 0 writes a Chrome trace of a few
         DDP steps there after the windows. The configuration is checked once more here, whatever
-        it came from (``checked``): one out of bounds fails as ``illegal``."""
+        it came from (``checked``): one out of bounds fails as ``illegal``. A run that takes the
+        limit probe after its windows (``AFTER_WINDOWS``) has twice the trial timeout: the
+        windows and the probe each within it, as when the probe was a run of its own."""
         checked(number, config)
         return self.runner.run(
             trial=number,
@@ -246,7 +249,7 @@ class RayMeasurer:
             config=config,
             measure=measure or self.d.measure,
             seed=self.d.seed or 0,
-            timeout_s=self.trial_timeout(),
+            timeout_s=self.trial_timeout() * (2 if limit and limit.get(AFTER_WINDOWS) else 1),
             max_memory_mb=self.d.max_memory_mb,
             incumbent=incumbent,
             log_dir=None if log_dir is None else str(log_dir),

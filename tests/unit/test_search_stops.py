@@ -255,3 +255,29 @@ def test_the_first_measurement_is_taken_after_the_baselines_windows(monkeypatch)
     base = [tr.measured(baseline_trial(r.study), "wall_s") for r in (folded, apart)]
     assert base[0] == base[1]  # the baseline's own seconds, without the probe
     assert apart.found_s - folded.found_s == pytest.approx(probe["wall_s"] - alone, abs=0.01)
+
+
+def test_a_baseline_taking_the_probe_after_its_windows_has_twice_the_trial_timeout():
+    """With ``--trial-timeout T`` the baseline's windows and the probe were two runs, each
+    within T; taken in one run, they get 2T, so a probe on a slow link does not fail the
+    baseline that the probe apart would not have."""
+    from autotune.core.config import TrialConfig
+    from autotune.core.rank_io import AFTER_WINDOWS
+    from autotune.definition.studydef import StudyDefinition
+    from autotune.launch.measurer import RayMeasurer
+
+    class Runner:  # what the measurer asks of its placement group
+        def run(self, **kw):
+            self.asked = kw
+
+    runner = Runner()
+    d = StudyDefinition(name="x", trial_timeout_s=40.0)
+    measure = RayMeasurer(study=None, runners=[runner], definition=d)
+    config = TrialConfig(global_batch=64)
+    for limit, timeout in (
+        (None, 40.0),
+        ({"repeats": 3}, 40.0),  # a probe of its own
+        ({"repeats": 3, AFTER_WINDOWS: True}, 80.0),
+    ):
+        measure(0, config, limit=limit)
+        assert runner.asked["timeout_s"] == timeout and runner.asked["limit"] == limit
