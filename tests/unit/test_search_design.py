@@ -214,20 +214,30 @@ def test_speedups_are_taken_against_the_defaults_measured_nearest_in_time():
     assert abs(anchored_speedup(study, trials[1]) - 390 / 300) < 1e-9
 
 
-def anchored_study(rows: list[tuple[float, float, bool]]):
-    """A study of COMPLETE trials: (samples/s, relative noise, a run of the defaults), with
-    one param that differs between the defaults (0) and the rest (trial number)."""
+def anchored_study(rows: list[tuple[float, float, bool] | None]):
+    """A study of COMPLETE trials: (samples/s, relative noise, a run of the defaults), each
+    with its interval (median +- the relative noise) and one param that differs between the
+    defaults (0) and the rest (trial number); a row None is a pruned trial (it counts in the
+    distance to the runs of the defaults)."""
     import optuna
+    from optuna.trial import TrialState
 
     study = optuna.create_study(direction="maximize")
     dist = optuna.distributions.IntDistribution(0, 100)
-    for i, (value, noise, defaults) in enumerate(rows):
-        attrs = {"interval": {"rel_half_width": noise}}
-        if defaults:
-            attrs["baseline"] = True
+    for i, row in enumerate(rows):
+        if row is None:
+            study.add_trial(
+                optuna.trial.create_trial(
+                    state=TrialState.PRUNED, params={"x": i}, distributions={"x": dist}
+                )
+            )
+            continue
+        v, r, defaults = row
+        iv = {"median": v, "low": v * (1 - r), "high": v * (1 + r), "n": 4, "rel_half_width": r}
+        attrs: dict = {"interval": iv, **({"baseline": True} if defaults else {})}
         study.add_trial(
             optuna.trial.create_trial(
-                value=value,
+                value=v,
                 params={"x": 0 if defaults else i},
                 distributions={"x": dist},
                 user_attrs=attrs,
@@ -754,36 +764,6 @@ def test_a_knobs_ratio_is_never_rounded_onto_the_bar_it_is_judged_by():
     assert _shown(1 + HELPS, 0.999, 1.041) == "1.020x [0.999, 1.041]"
 
 
-def drifting_study(rows: list[tuple[float, float, bool] | None]):
-    """``anchored_study`` with each trial's whole interval: median +- the relative noise; a
-    row None is a pruned trial (it counts in the distance to the runs of the defaults)."""
-    import optuna
-    from optuna.trial import TrialState
-
-    study = optuna.create_study(direction="maximize")
-    dist = optuna.distributions.IntDistribution(0, 100)
-    for i, row in enumerate(rows):
-        if row is None:
-            study.add_trial(
-                optuna.trial.create_trial(
-                    state=TrialState.PRUNED, params={"x": i}, distributions={"x": dist}
-                )
-            )
-            continue
-        v, r, defaults = row
-        iv = {"median": v, "low": v * (1 - r), "high": v * (1 + r), "n": 4, "rel_half_width": r}
-        attrs: dict = {"interval": iv, **({"baseline": True} if defaults else {})}
-        study.add_trial(
-            optuna.trial.create_trial(
-                value=v,
-                params={"x": 0 if defaults else i},
-                distributions={"x": dist},
-                user_attrs=attrs,
-            )
-        )
-    return study
-
-
 def test_the_bar_a_trial_is_pruned_below_follows_the_machine_as_the_defaults_measure_it():
     """A real 10-minute run whose defaults fell from 565 to 463 samples/s pruned 79 of 96
     trials against a best measured before the fall, among them trials at 1.27-1.30x of the
@@ -795,7 +775,7 @@ def test_the_bar_a_trial_is_pruned_below_follows_the_machine_as_the_defaults_mea
     from autotune.record.study import in_present_terms, incumbent
 
     early = [(500, 0.02, True), (600, 0.02, False), None, None, None, None]
-    fell = drifting_study([*early, (410, 0.02, True)])
+    fell = anchored_study([*early, (410, 0.02, True)])
     bar = incumbent(fell)  # trial 1 (1.2x), as the machine runs now: 0.82 of then
     assert bar.median == pytest.approx(600 * 410 / 500) and bar.low == pytest.approx(588 * 0.82)
     # a screening trial's bar, the baseline's, as the machine runs now too
@@ -803,13 +783,13 @@ def test_the_bar_a_trial_is_pruned_below_follows_the_machine_as_the_defaults_mea
     # a trial at 1.25x of the defaults beside it is not pruned; against the raw best it was
     windows = [512.0, 515.0, 518.0]
     assert not PruneRule().should_prune(windows, bar)
-    assert PruneRule().should_prune(windows, incumbent(drifting_study(early)))
+    assert PruneRule().should_prune(windows, incumbent(anchored_study(early)))
     # once measured, such a trial is the best: by its speedup over the defaults beside it
-    better = drifting_study([*early, (410, 0.02, True), (520, 0.03, False)])
+    better = anchored_study([*early, (410, 0.02, True), (520, 0.03, False)])
     assert incumbent(better).median == 520
     # the defaults within their noise of then, or faster (the cold first baseline reads
     # low): the bar stays where it was
     for now in (495.0, 560.0):
-        same = drifting_study([*early, (now, 0.02, True)])
+        same = anchored_study([*early, (now, 0.02, True)])
         assert incumbent(same).median == 600
         assert in_present_terms(same, same.trials[0]).median == 500
