@@ -208,17 +208,18 @@ def incumbent(study: optuna.Study) -> Interval | None:
         return None
     speedups = anchored_speedups(done)
     best = max(done, key=lambda t: (speedups.get(t.number, 0.0), throughput(t)))
-    return in_present_terms(study, best)  # None: measured without intervals
+    runs = [t for t in done if tr.is_baseline(t)]  # ``anchors``, from the same read
+    return in_present_terms(runs, best)  # None: measured without intervals
 
 
-def in_present_terms(study: optuna.Study, t: FrozenTrial) -> Interval | None:
-    """``t``'s throughput interval scaled by how the machine drifted since: the latest run of
-    the defaults over the one nearest ``t`` (``nearest_anchor``), where the defaults now run
-    slower beyond the noise of both runs (their intervals apart). Never scaled up: a machine
-    that speeds up, and the cold first baseline (which reads low), leave the bar where it
-    was, and a bar left low prunes less, never more. None: ``t`` has no interval."""
+def in_present_terms(runs: list[FrozenTrial], t: FrozenTrial) -> Interval | None:
+    """``t``'s throughput interval scaled by how the machine drifted since: the latest of the
+    study's runs of the defaults ``runs`` (``anchors``) over the one nearest ``t``
+    (``nearest``), where the defaults now run slower beyond the noise of both runs (their
+    intervals apart). Never scaled up: a machine that speeds up, and the cold first baseline
+    (which reads low), leave the bar where it was, and a bar left low prunes less, never
+    more. None: ``t`` has no interval."""
     iv = tr.interval(t)
-    runs = anchors(study)
     near = nearest(runs, t)
     if iv is None or near is None:
         return iv

@@ -256,8 +256,8 @@ class Objective:
         baseline's, since screening asks whether a knob beats the defaults, not the best;
         either as the machine runs now (``record.study.in_present_terms``)."""
         if tr.screen_label(trial) is not None:
-            base = baseline_trial(self.study)
-            if base is not None and (bar := in_present_terms(self.study, base)) is not None:
+            runs = anchors(self.study)  # the first is the baseline (``baseline_trial``)
+            if runs and (bar := in_present_terms(runs, runs[0])) is not None:
                 return bar
         return incumbent(self.study)
 

@@ -772,14 +772,14 @@ def test_the_bar_a_trial_is_pruned_below_follows_the_machine_as_the_defaults_mea
     import pytest
 
     from autotune.core.stats import PruneRule
-    from autotune.record.study import in_present_terms, incumbent
+    from autotune.record.study import anchors, in_present_terms, incumbent
 
     early = [(500, 0.02, True), (600, 0.02, False), None, None, None, None]
     fell = anchored_study([*early, (410, 0.02, True)])
     bar = incumbent(fell)  # trial 1 (1.2x), as the machine runs now: 0.82 of then
     assert bar.median == pytest.approx(600 * 410 / 500) and bar.low == pytest.approx(588 * 0.82)
     # a screening trial's bar, the baseline's, as the machine runs now too
-    assert in_present_terms(fell, fell.trials[0]).median == pytest.approx(410)
+    assert in_present_terms(anchors(fell), fell.trials[0]).median == pytest.approx(410)
     # a trial at 1.25x of the defaults beside it is not pruned; against the raw best it was
     windows = [512.0, 515.0, 518.0]
     assert not PruneRule().should_prune(windows, bar)
@@ -792,4 +792,4 @@ def test_the_bar_a_trial_is_pruned_below_follows_the_machine_as_the_defaults_mea
     for now in (495.0, 560.0):
         same = anchored_study([*early, (now, 0.02, True)])
         assert incumbent(same).median == 600
-        assert in_present_terms(same, same.trials[0]).median == 500
+        assert in_present_terms(anchors(same), same.trials[0]).median == 500
