@@ -283,6 +283,10 @@ def _contributions(
     return out, together
 
 
+#: Why a knob (or knobs set back together) is dropped: what ``_carries`` did not find.
+NO_GAIN = f"less than {HELPS:.0%} and no gain beyond the noise"
+
+
 def _carries(sp: Interval) -> bool:
     """Whether a knob (or knobs set back together) carries the winner's gain: the winner over
     itself without it has its 95 % interval above 1, or its median at ``HELPS`` (the
@@ -332,7 +336,7 @@ def _say(record: AblationRecord, emit: Emit) -> None:
             emit(Note(f"  {PIN}: {shown}, kept ({c.why})"))
         else:
             if not c.kept:
-                verdict = f"dropped: less than {HELPS:.0%} and no gain beyond the noise"
+                verdict = f"dropped: {NO_GAIN}"
             elif low > 1.0 or record.together:
                 verdict = "kept"
             else:
@@ -367,11 +371,7 @@ def _check_joint(bench: _Bench, knobs: list[str], reduced: TrialConfig, rounds: 
     k = min(len(runs[WINNER]), len(runs[REDUCED]))
     sp = speedup_ci(runs[WINNER][:k], runs[REDUCED][:k], CONFIDENCE)
     kept_back = _carries(sp)
-    verdict = (
-        "together they carry gain: kept"
-        if kept_back
-        else f"less than {HELPS:.0%} and no gain beyond the noise: dropped"
-    )
+    verdict = "together they carry gain: kept" if kept_back else f"{NO_GAIN}: dropped"
     shown = _shown(sp.median, sp.low, sp.high)
     why = f"the winner is {shown} itself without them - {verdict}"
     return JointCheck(
