@@ -46,17 +46,18 @@ def raising(**options) -> Workload:
 
 
 def failing_when(*, flag: str, **options) -> Workload:
-    """The tiny MLP, whose ranks raise while building the model once the file ``flag``
-    exists: a run that fails partway through a comparison, when the test says."""
+    """The tiny MLP, whose ranks raise in their next step once the file ``flag`` exists
+    (where the session is built anew and where it is kept, ``rank.kept``): a run that fails
+    partway through a comparison, when the test says."""
     wl = tiny(**options)
-    build = wl.model
+    loss = wl.loss
 
-    def model():
+    def failing(out, target):
         if os.path.exists(flag):
             raise RuntimeError("failing on purpose: the flag file exists")
-        return build()
+        return loss(out, target)
 
-    wl.model = model
+    wl.loss = failing
     return wl
 
 

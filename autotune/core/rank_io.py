@@ -9,11 +9,25 @@ from typing import Any
 from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.stats import Interval
 
-__all__ = ["AFTER_WINDOWS", "MemoryLimitExceeded", "NonFiniteLoss", "RankResult", "RankSpec"]
+__all__ = [
+    "AFTER_WINDOWS",
+    "KEPT_CALL_S",
+    "REARM_STEPS",
+    "MemoryLimitExceeded",
+    "NonFiniteLoss",
+    "RankResult",
+    "RankSpec",
+]
 
 #: The limit probe's setting (``RankSpec.limit``) that takes it after the trial's own windows,
 #: in the same session, instead of in their place: no set-up and warm-up of its own.
 AFTER_WINDOWS = "after_windows"
+#: Steps a run on a kept session (``RankSpec.keep``, ``autotune.rank.kept``) discards before
+#: its windows: the caches the other configurations' runs took in between.
+REARM_STEPS = 1
+#: Seconds of such a run outside that step and its windows: the call and the ranks' agreement
+#: to start (``bench/kept_sessions.py`` on the default workload: 0.02-0.03).
+KEPT_CALL_S = 0.03
 
 
 class MemoryLimitExceeded(MemoryError):
@@ -57,6 +71,10 @@ class RankSpec:
     """Where rank 0 writes a Chrome trace of ``PROFILED_STEPS`` DDP steps taken after the timed
     windows (``autotune.rank.limit_probe.trace_steps``), outside every timed figure. None: no
     trace."""
+    keep: str | None = None
+    """The key of this configuration's session, kept in the rank's process for its next run
+    (``autotune.rank.kept``): a re-measurement run, without a limit probe or trace. None: a
+    session of its own, gone when the run ends (and every kept one let go before it)."""
 
 
 class NonFiniteLoss(RuntimeError):
@@ -101,6 +119,9 @@ class RankResult:
     """Trials this process has run, this one included."""
     reused: bool = False
     """Whether the process ran an earlier trial (the launcher's pool)."""
+    session_runs: int = 1
+    """Runs measured on this rank's session, this one included: more than 1 where the session
+    was kept from an earlier run of the configuration (``RankSpec.keep``)."""
     node_ip: str | None = None
     """The address of the node the rank ran on."""
     limit: dict[str, Any] | None = None

@@ -57,6 +57,12 @@ class TrialResult:
         return samples_per_step / self.throughput
 
     @property
+    def kept(self) -> bool:
+        """Whether the run measured on sessions its ranks kept from an earlier run of the
+        configuration (``RankSpec.keep``)."""
+        return self.ranks[0].session_runs > 1
+
+    @property
     def overhead_s(self) -> float:
         """Seconds outside timed windows: process start and imports (fresh ranks only),
         process group, model, warm-up, and the result's way back."""

@@ -21,9 +21,11 @@ starts the user's command there; the command starts its own ranks.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any, TypeVar
 
 from autotune.core.config import MeasureSettings, TrialConfig
@@ -43,7 +45,7 @@ from autotune.launch.failures import classify, gone_away
 from autotune.launch.hardware import describe
 from autotune.launch.pool import RankPool
 
-__all__ = ["TrialRunner", "first_dead", "local_ranks"]
+__all__ = ["TrialRunner", "first_dead", "local_ranks", "session_key"]
 
 T = TypeVar("T")
 
@@ -59,6 +61,14 @@ NODE_DEATH_WAIT_S = 20.0
 #: What a task in the group (``call_in_group``) may take beyond its own timeout: scheduling,
 #: and ending the command's processes.
 TASK_GRACE_S = 30.0
+
+
+def session_key(
+    trainer: str, trainer_options: dict[str, Any], config: TrialConfig, seed: int
+) -> str:
+    """What a kept session is kept under (``RankSpec.keep``): everything it was built from."""
+    built = {"trainer": trainer, "options": trainer_options, "config": asdict(config), "seed": seed}
+    return hashlib.sha256(json.dumps(built, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def local_ranks(nodes: dict[int, str], world_size: int) -> list[tuple[int, int]]:
@@ -284,17 +294,22 @@ class TrialRunner:
         trace: str | None = None,
         fresh: bool = False,
         pin: bool = True,
+        keep: bool = False,
     ) -> TrialResult:
         """Run one trial; raises TrialFailed with the reason when it produces no result. With
         ``log_dir``, each rank's output goes to ``log_dir/rank-N.log`` for the trial; with
         ``limit``, the ranks run the limit probe (``RankSpec.limit``) instead of windows; with
         ``trace``, rank 0 writes a Chrome trace after them (``RankSpec.trace``).
         ``fresh``: in new rank processes, whatever the pool holds; ``pin=False``: in processes
-        that never pinned the allocator (``pool.RankPool``)."""
+        that never pinned the allocator (``pool.RankPool``); ``keep``: on the session the ranks
+        keep for this configuration, and kept for its next run (``rank.kept``: a
+        re-measurement run in the pool, without a probe or trace)."""
+        if keep and (fresh or limit is not None or trace is not None):
+            raise ValueError("a kept session is for a re-measurement run in the pool alone")
         self.ensure_placed()
         started = time.monotonic()
         deadline = started + timeout_s
-        keep = False
+        kept_pool = False
         try:
             addr, port = self.pool.ready(config.env, deadline, fresh=fresh, pin=pin)
             nodes = self._bundle_nodes()
@@ -316,14 +331,15 @@ class TrialRunner:
                 log_dir=log_dir,
                 limit=limit,
                 trace=trace,
+                keep=session_key(trainer, trainer_options, config, seed) if keep else None,
             )
             refs = self._start_ranks(spec, nodes)
             results = self._results(refs, nodes, deadline, timeout_s)
-            keep = self.reuse
+            kept_pool = self.reuse
         finally:
             # Any failure (crash, timeout, nan, oom, node lost, Ctrl-C) kills every rank, and
             # with them their DataLoader workers: a failed trial's processes are never reused.
-            if not keep:
+            if not kept_pool:
                 self.pool.drop()
         results.sort(key=lambda r: r.rank)
         return TrialResult(ranks=results, wall_s=time.monotonic() - started)

@@ -86,6 +86,11 @@ class Measurer(Protocol):
         """Whether a run takes the limit probe after its own windows (``limit=`` with
         ``core.rank_io.AFTER_WINDOWS``): the baseline trial's first measurement."""
 
+    @property
+    def keeps_sessions(self) -> bool:
+        """Whether a re-measurement run asked to (``keep=``) measures on the session kept
+        from its configuration's last run (``core.rank_io.RankSpec.keep``)."""
+
     def use(self, runner: Placement) -> None:
         """The calling thread's trials run on ``runner`` (one of ``runners``) from now on."""
 
@@ -101,12 +106,15 @@ class Measurer(Protocol):
         log_dir: Path | None = None,
         limit: dict[str, Any] | None = None,
         trace: Path | None = None,
+        keep: bool = False,
     ) -> TrialResult:
         """One run of ``config`` (trial ``number``), pruned below ``incumbent``, with
         ``measure`` (None: the study's settings), its output in ``log_dir``; with ``limit``,
         the limit probe; with ``trace``, a Chrome trace of a few DDP steps written there after
-        the timed windows (``RankSpec.trace``; a measurer that cannot take one ignores it).
-        Raises ``TrialFailed``."""
+        the timed windows (``RankSpec.trace``; a measurer that cannot take one ignores it);
+        with ``keep``, a re-measurement run on the session kept from this configuration's last
+        such run, if any, kept for its next (``RankSpec.keep``; a measurer that cannot keep
+        one builds it anew). Raises ``TrialFailed``."""
 
 
 def checked(number: int, config: TrialConfig) -> None:
@@ -200,6 +208,12 @@ class RayMeasurer:
         return True
 
     @property
+    def keeps_sessions(self) -> bool:
+        """Whether re-measurement runs keep their sessions: the study's ranks do
+        (``rank.kept``)."""
+        return True
+
+    @property
     def runner(self) -> TrialRunner:
         """The runner of the calling thread (the first one when it chose none)."""
         return getattr(self._local, "runner", self.runners[0])
@@ -233,6 +247,7 @@ class RayMeasurer:
         log_dir: Path | None = None,
         limit: dict[str, Any] | None = None,
         trace: Path | None = None,
+        keep: bool = False,
     ) -> TrialResult:
         """One real run of ``config`` (trial ``number``); raises ``TrialFailed``. With
         ``log_dir``, the ranks' output goes there; with ``limit``, it is the limit probe
@@ -255,4 +270,5 @@ class RayMeasurer:
             log_dir=None if log_dir is None else str(log_dir),
             limit=limit,
             trace=None if trace is None else str(trace),
+            keep=keep,
         )

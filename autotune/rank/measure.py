@@ -43,6 +43,7 @@ from typing import Any
 from autotune.core import allocator
 from autotune.core.rank_io import AFTER_WINDOWS, NonFiniteLoss, RankResult, RankSpec
 from autotune.rank.env import output_to
+from autotune.rank.kept import kept_session, release
 from autotune.rank.session import LAST_GROUP, Session, open_session
 
 __all__ = ["run_rank"]
@@ -53,6 +54,8 @@ def run_rank(spec: RankSpec, store: Any = None) -> RankResult:
     trial found it (see module doc). ``store``: rank 0's ``TCPStore``, already listening at
     ``master_port`` (others connect to it; without one, rank 0 starts it here)."""
     LAST_GROUP.clear()
+    if spec.keep is None:  # a run that keeps nothing runs on a process group of its own
+        release()
     # What lives now (torch, Ray, the trainer module, caches) outlives every trial: frozen, the
     # collection below only scans what this trial makes (a full one costs 0.1-0.2 s).
     gc.freeze()
@@ -77,51 +80,60 @@ def run_rank(spec: RankSpec, store: Any = None) -> RankResult:
 
 
 def _run_rank(spec: RankSpec, store: Any) -> RankResult:
-    import torch
-
     started = time.perf_counter()
+    if spec.keep is not None:  # a re-measurement run: on its configuration's kept session
+        with kept_session(spec, store) as (s, discarded):
+            return _measure(s, started, discarded)
     with open_session(spec, store) as s:
         if spec.limit is not None and not spec.limit.get(AFTER_WINDOWS):
             return _probe(s, started)  # a few steps: the probe's own figures are medians
-        m = spec.measure
-        # Warm-up: the steps always discarded; the last one's time sizes the windows.
-        warmup_started = time.perf_counter()
-        step_times: list[float] = []
-        last: Any = None
-        for _ in range(m.discarded_steps):
-            took, last = _timed_step(s)
-            step_times.append(took)
-        if not math.isfinite(float(last)):  # before any window is spent on it
-            raise NonFiniteLoss(f"loss is {float(last)} after {len(step_times)} warm-up steps")
-        timed = _windows(s, step_times[-1])
-        kept = timed.kept
-        ended = time.perf_counter()
-        if spec.trace is not None and timed.stop != "hopeless":  # after the windows
-            from autotune.rank.limit_probe import trace_steps
+        return _measure(s, started, spec.measure.discarded_steps)
 
-            trace_steps(s, spec.trace)
-        found, probe_s = None, 0.0
-        if spec.limit is not None and timed.stop != "hopeless":  # AFTER_WINDOWS
-            found, probe_s = _probe_after(s, timed)
-        losses = [x for window in timed.losses[kept:] for x in window]
-        loss = float(torch.stack(losses).mean())
-        if not math.isfinite(loss):
-            raise NonFiniteLoss(f"loss is {loss} after {len(losses)} measured steps")
-        first = timed.starts[kept]  # where the kept windows start: warm-up ends
-        return _result(
-            s,
-            timed.windows[kept:],
-            timed.seconds[kept:],
-            timed.sizes[kept:],
-            timed.stop,
-            loss,
-            found,
-            setup_s=first - started,
-            warmup_s=first - warmup_started,
-            warmup_steps=len(step_times) + sum(timed.sizes[:kept]),
-            measure_s=ended - first,
-            probe_s=probe_s,
-        )
+
+def _measure(s: Session, started: float, discarded: int) -> RankResult:
+    """The run's measurement on session ``s`` (module doc), after ``discarded`` steps; then
+    the trace and the limit probe its spec asks for after the windows."""
+    import torch
+
+    spec = s.spec
+    # Warm-up: the steps always discarded; the last one's time sizes the windows.
+    warmup_started = time.perf_counter()
+    step_times: list[float] = []
+    last: Any = None
+    for _ in range(discarded):
+        took, last = _timed_step(s)
+        step_times.append(took)
+    if not math.isfinite(float(last)):  # before any window is spent on it
+        raise NonFiniteLoss(f"loss is {float(last)} after {len(step_times)} warm-up steps")
+    timed = _windows(s, step_times[-1])
+    kept = timed.kept
+    ended = time.perf_counter()
+    if spec.trace is not None and timed.stop != "hopeless":  # after the windows
+        from autotune.rank.limit_probe import trace_steps
+
+        trace_steps(s, spec.trace)
+    found, probe_s = None, 0.0
+    if spec.limit is not None and timed.stop != "hopeless":  # AFTER_WINDOWS
+        found, probe_s = _probe_after(s, timed)
+    losses = [x for window in timed.losses[kept:] for x in window]
+    loss = float(torch.stack(losses).mean())
+    if not math.isfinite(loss):
+        raise NonFiniteLoss(f"loss is {loss} after {len(losses)} measured steps")
+    first = timed.starts[kept]  # where the kept windows start: warm-up ends
+    return _result(
+        s,
+        timed.windows[kept:],
+        timed.seconds[kept:],
+        timed.sizes[kept:],
+        timed.stop,
+        loss,
+        found,
+        setup_s=first - started,
+        warmup_s=first - warmup_started,
+        warmup_steps=len(step_times) + sum(timed.sizes[:kept]),
+        measure_s=ended - first,
+        probe_s=probe_s,
+    )
 
 
 def _probe_after(s: Session, timed: _Timed) -> tuple[dict[str, Any], float]:
@@ -255,7 +267,6 @@ def _result(
     from autotune.core.compat import ddp_logging
 
     spec, cfg = s.spec, s.spec.config
-    peak_mb = torch.cuda.max_memory_allocated(s.device) / 2**20 if s.cuda else s.peak_rss
     applied = {  # read back from the live objects, not from the spec
         "bucket_cap_mb": s.ddp.bucket_bytes_cap / 2**20,
         "gradient_as_bucket_view": bool(s.ddp.gradient_as_bucket_view),
@@ -282,7 +293,8 @@ def _result(
         stop=stop,
         loss=loss,
         loss_curve=[float(x) for x in s.curve],
-        peak_memory_mb=round(peak_mb, 1),
+        peak_memory_mb=round(s.own_peak_mb, 1),
+        session_runs=s.runs,
         limit=limit,
         **timing,
     )

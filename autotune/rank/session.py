@@ -44,8 +44,13 @@ from autotune.rank.env import torchrun_env
 __all__ = [
     "PHASES",
     "Session",
+    "build",
+    "init_group",
+    "is_compiled",
     "listening_store",
     "open_session",
+    "prepare_process",
+    "reset_compiler",
     "rss_mb",
 ]
 
@@ -178,7 +183,13 @@ class Session:
     compile_s: float = 0.0
     """Their seconds (the slowest rank's)."""
     graphs: list[int | None] = field(default_factory=list)
-    """Dynamo's graph count (``compat.compiled_graphs``) before and after ``compile_warmup``."""
+    """Dynamo's graph count (``compat.compiled_graphs``) before and after ``compile_warmup``
+    (after ``rearm``'s warm-up, for a kept session's later run)."""
+    others_mb: float = 0.0
+    """Memory held by the sessions kept beside this one when it was built (``rank.kept``): not
+    this run's, so left out of its peak and of the ``--max-memory`` check."""
+    runs: int = 1
+    """The runs measured on this session (more than 1: kept, ``rank.kept``)."""
 
     @property
     def compile_mode(self) -> str:
@@ -221,6 +232,32 @@ class Session:
         facts["steps"] = self.compile_steps
         facts["seconds"] = round(self.compile_s, 3)
         return facts
+
+    def rearm(self, spec: RankSpec) -> None:
+        """Ready a kept session (``rank.kept``) for another run of its configuration: that
+        run's spec (its trial, timeout, output), its own peak memory from now on, and
+        ``late_graphs`` counted from now on."""
+        self.spec = spec
+        self.runs += 1
+        self.peak_rss = rss_mb()
+        if self.cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats(self.device)
+        if self.graphs:
+            self.graphs = [self.graphs[0], compat.compiled_graphs()]
+
+    @property
+    def own_peak_mb(self) -> float:
+        """This run's peak memory (MiB): the device's on a GPU, else the process's RSS; less
+        what the sessions kept beside it hold (``others_mb``)."""
+        if self.cuda:
+            import torch
+
+            peak = torch.cuda.max_memory_allocated(self.device) / 2**20
+        else:
+            peak = self.peak_rss
+        return max(peak - self.others_mb, 0.0)
 
     @property
     def cuda(self) -> bool:
@@ -267,9 +304,10 @@ class Session:
         if len(self.curve) < CURVE_STEPS:
             self.curve.append(total)
         max_mb = self.spec.max_memory_mb
-        if max_mb is not None and self.peak_rss > max_mb:
+        own_mb = self.peak_rss - self.others_mb
+        if max_mb is not None and own_mb > max_mb:
             raise MemoryLimitExceeded(
-                f"peak host memory {self.peak_rss:.0f} MiB is over --max-memory {max_mb:.0f} MiB"
+                f"peak host memory {own_mb:.0f} MiB is over --max-memory {max_mb:.0f} MiB"
             )
         return total
 
@@ -303,28 +341,30 @@ def open_session(spec: RankSpec, store: Any) -> Iterator[Session]:
     listening at ``master_port`` (others connect to it; without one, rank 0 starts it here)."""
     import torch.distributed as dist
 
-    device = _prepare_process(spec)
-    _init_group(spec, store)
-    compiled = spec.config.ddp.get("compile", NONE) != NONE
+    device = prepare_process(spec)
+    init_group(spec, store)
+    compiled = is_compiled(spec)
     try:
         if compiled:  # an earlier trial's graphs: dynamo allows 8 per code object, then eager
-            _reset_compiler()
-        session = _build(spec, device)
-        session.compile_warmup()
-        yield session
+            reset_compiler()
+        yield build(spec, device)
     finally:
         if compiled:  # its compiled code holds this trial's model
-            _reset_compiler()
+            reset_compiler()
         dist.destroy_process_group()
 
 
-def _reset_compiler() -> None:
+def is_compiled(spec: RankSpec) -> bool:
+    return spec.config.ddp.get("compile", NONE) != NONE
+
+
+def reset_compiler() -> None:
     import torch
 
     torch.compiler.reset()
 
 
-def _prepare_process(spec: RankSpec) -> Any:
+def prepare_process(spec: RankSpec) -> Any:
     """Set this process up as torchrun would for ``spec``: its variables, threads, device and
     precision flags, before any of the trainer's code runs; the rank's device."""
     import torch
@@ -352,7 +392,7 @@ def _prepare_process(spec: RankSpec) -> Any:
     return device
 
 
-def _init_group(spec: RankSpec, store: Any) -> None:
+def init_group(spec: RankSpec, store: Any) -> None:
     """Join the trial's process group through rank 0's ``store`` (started or connected to
     here when None), and keep it in ``LAST_GROUP``."""
     import torch.distributed as dist
@@ -376,9 +416,16 @@ def _init_group(spec: RankSpec, store: Any) -> None:
     LAST_GROUP.append(dist.group.WORLD)
 
 
-def _build(spec: RankSpec, device: Any) -> Session:
+def build(spec: RankSpec, device: Any) -> Session:
     """The trainer's workload on ``device``, wrapped in DDP with the trial's settings, its
-    optimizer, DataLoader and scaler."""
+    optimizer, DataLoader and scaler; a compiled model's first steps run
+    (``Session.compile_warmup``). On the process group made by ``init_group``."""
+    session = _build(spec, device)
+    session.compile_warmup()
+    return session
+
+
+def _build(spec: RankSpec, device: Any) -> Session:
     import torch
     from torch.utils.data import DataLoader, DistributedSampler
 

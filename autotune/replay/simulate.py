@@ -16,6 +16,11 @@ without one (or ``evidence=False``) the screening goes in the priors' listed ord
 the baseline's windows, as ``autotune run`` takes it, it costs its own seconds without its
 set-up and warm-up (``ReplayMeasurer.probe_alone_s``).
 
+A re-measurement run of a point whose session is kept (``keep``: ``autotune.rank.kept``) costs
+its discarded step at the point's step time and the call (``KEPT_CALL_S``) instead of its
+recorded run's set-up and warm-up; its first run, and every run after one that keeps nothing,
+costs the recorded seconds.
+
 A landscape's ``failing`` values (``knob=value`` -> (reason, seconds)) fail every point with
 them after that many simulated seconds, as a value that times out on real hardware does. Its
 ``drift`` (a fraction per simulated hour) scales every window of every point alike by ``1 +
@@ -49,7 +54,7 @@ import optuna
 from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.errors import TrialFailed
 from autotune.core.events import Emit, ignore
-from autotune.core.rank_io import AFTER_WINDOWS, RankResult
+from autotune.core.rank_io import AFTER_WINDOWS, KEPT_CALL_S, REARM_STEPS, RankResult
 from autotune.core.results import TrialResult
 from autotune.core.stats import Interval
 from autotune.core.target import Target
@@ -204,6 +209,8 @@ class ReplayMeasurer:
         self._cold = cold_first
         self.can_probe = evidence and landscape.first is not None  # a first measurement
         self.folds_probe = self.can_probe  # taken after the baseline's windows
+        self.keeps_sessions = True  # as the study's ranks do (``keep``)
+        self._kept: set[str] = set()  # the grid points whose sessions are kept (``keep``)
         #: (simulated seconds at its end, grid point) of every measurement, in order.
         self.log: list[tuple[float, str]] = []
         #: Every grid point's configuration as ``TrialConfig.from_values`` makes it (the
@@ -241,7 +248,10 @@ class ReplayMeasurer:
         log_dir: Path | None = None,
         limit: dict[str, Any] | None = None,
         trace: Path | None = None,
+        keep: bool = False,
     ) -> TrialResult:
+        if not keep:  # a run of its own lets the kept sessions go (``rank.kept``)
+            self._kept.clear()
         if limit is not None and not limit.get(AFTER_WINDOWS):
             return self._probe()
         m = measure or self.d.measure
@@ -276,6 +286,12 @@ class ReplayMeasurer:
         step_s = config.global_batch / statistics.median(run.windows)
         fewer = 0 if run.stepped_warmup is None else max(run.stepped_warmup - m.discarded_steps, 0)
         overhead_s = max(run.overhead_s - fewer * step_s, 0.0)
+        runs_on_it = 1
+        if keep and key in self._kept:  # on its kept session: its discarded step and the call
+            overhead_s = min(REARM_STEPS * step_s + KEPT_CALL_S, overhead_s)
+            runs_on_it = 2
+        elif keep:
+            self._kept.add(key)
         wall = overhead_s + window_s
         if trace is not None:  # the traced steps after the windows, at this point's step time
             wall += PROFILED_STEPS * step_s
@@ -293,6 +309,7 @@ class ReplayMeasurer:
             window_s=window_s,
             windows=windows,
             steps_per_window=max(1, steps // len(windows)),
+            session_runs=runs_on_it,
             stop=stop,
             setup_s=overhead_s,
             measure_s=window_s,

@@ -49,6 +49,11 @@ class ScriptMeasurer(RayMeasurer):
         by phase (``script.first_measurement``), which its baseline's windows must not be."""
         return False
 
+    @property
+    def keeps_sessions(self) -> bool:
+        """No: every run of the user's command is a new torchrun."""
+        return False
+
     def fresh(
         self, number: int, config: TrialConfig, *, measure: MeasureSettings, pin: bool = True
     ) -> TrialResult:
@@ -66,11 +71,12 @@ class ScriptMeasurer(RayMeasurer):
         log_dir: Path | None = None,
         limit: dict[str, Any] | None = None,
         trace: Path | None = None,
+        keep: bool = False,
     ) -> TrialResult:
         """One run of the user's command with ``config`` (trial ``number``) on the calling
-        thread's nodes; with ``limit``, the first measurement. ``trace`` is not taken: the
-        script's steps are its own, not a session's (no run asks it in script mode). Raises
-        ``TrialFailed``."""
+        thread's nodes; with ``limit``, the first measurement. Neither ``trace`` nor ``keep``
+        is taken: the script's steps are its own, not a session's, and each run is a new
+        torchrun (no run asks for a trace in script mode). Raises ``TrialFailed``."""
         checked(number, config)
         common = dict(
             command=self.d.command,

@@ -94,7 +94,7 @@ class _Bench:
         return measure_interleaved(
             keys,
             order,
-            lambda key: self.measure(self.number, self.configs[key], measure=self.short),
+            lambda key: self.measure(self.number, self.configs[key], measure=self.short, keep=True),
             self.emit,
             essential=WINNER,
         )

@@ -14,11 +14,19 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from autotune.definition.durations import format_duration
 from autotune.definition.studydef import StudyDefinition
 
-__all__ = ["MAX_ROUNDS", "Budget", "budget_line", "rounds_to_tell", "validation_plan"]
+__all__ = [
+    "MAX_ROUNDS",
+    "Budget",
+    "RunCost",
+    "budget_line",
+    "rounds_to_tell",
+    "validation_plan",
+]
 
 #: Most interleaved rounds the re-validation grows to when the budget has room for them.
 MAX_ROUNDS = 10
@@ -42,10 +50,33 @@ AS_IS_ROUNDS = 3
 AS_IS_SHARE = 0.25
 
 
-def _shrunk(top: int, rounds: int, run_wall_s: float, room: float) -> tuple[int, int]:
+@dataclass(frozen=True)
+class RunCost:
+    """What the re-measurement runs of one comparison take (re-validation, its further rounds,
+    the ablation): each arm's first run builds its session (``first_s``), its later runs
+    measure on the session the ranks kept (``kept_s``: ``autotune.rank.kept``). Where the
+    measurer keeps none (script mode), both are the same."""
+
+    first_s: float
+    kept_s: float
+
+    def of(self, arms: int, rounds: int) -> float:
+        """Seconds of ``rounds`` rounds of ``arms`` runs, each arm's first building."""
+        if arms <= 0 or rounds <= 0:
+            return 0.0
+        return arms * (self.first_s + (rounds - 1) * self.kept_s)
+
+    def rounds_in(self, arms: int, room: float) -> int:
+        """The most rounds of ``arms`` runs ``of`` fits in ``room`` seconds."""
+        if arms <= 0 or room < arms * self.first_s:
+            return 0
+        return 1 + int((room - arms * self.first_s) // (arms * self.kept_s))
+
+
+def _shrunk(top: int, rounds: int, cost: RunCost, room: float) -> tuple[int, int]:
     """``top`` candidates over ``rounds`` rounds cut down until they fit in ``room`` seconds:
     fewer candidates first (down to 1), then fewer rounds (down to 2); it may still not fit."""
-    while (top + 1) * rounds * run_wall_s > room and (rounds > 2 or top > 1):
+    while cost.of(top + 1, rounds) > room and (rounds > 2 or top > 1):
         if top > 1:
             top -= 1
         else:
@@ -53,7 +84,7 @@ def _shrunk(top: int, rounds: int, run_wall_s: float, room: float) -> tuple[int,
     return top, rounds
 
 
-def _grown(top: int, rounds: int, most: int, run_wall_s: float, room: float) -> tuple[int, int]:
+def _grown(top: int, rounds: int, most: int, cost: RunCost, room: float) -> tuple[int, int]:
     """``top`` candidates over ``rounds`` rounds grown into ``room`` seconds, where ``most``
     candidates could still win: rounds up to ``PRECISE_ROUNDS``, then candidates up to
     ``most``, then rounds up to ``MAX_ROUNDS``; rounds past ``PRECISE_ROUNDS`` are given up
@@ -66,20 +97,18 @@ def _grown(top: int, rounds: int, most: int, run_wall_s: float, room: float) -> 
     (seeds at 0.98 of the best, 5 and 10 minutes: 82 % -> 100 %)."""
     if top < most:  # rounds past PRECISE_ROUNDS are worth less than a contender measured
         rounds = min(rounds, PRECISE_ROUNDS)
-    while rounds < PRECISE_ROUNDS and (top + 1) * (rounds + 1) * run_wall_s <= room:
+    while rounds < PRECISE_ROUNDS and cost.of(top + 1, rounds + 1) <= room:
         rounds += 1
-    while top < most and (top + 2) * rounds * run_wall_s <= room:
+    while top < most and cost.of(top + 2, rounds) <= room:
         top += 1
-    while rounds < MAX_ROUNDS and (top + 1) * (rounds + 1) * run_wall_s <= room:
+    while rounds < MAX_ROUNDS and cost.of(top + 1, rounds + 1) <= room:
         rounds += 1
     return top, rounds
 
 
-def validation_plan(
-    d: StudyDefinition, budget_s: float, run_wall_s: float
-) -> tuple[int, int] | None:
-    """(candidates, rounds) of the re-validation that fit in a third of the budget, given the
-    typical re-validation run's wall time. ``validate_rounds`` is the number of rounds aimed
+def validation_plan(d: StudyDefinition, budget_s: float, cost: RunCost) -> tuple[int, int] | None:
+    """(candidates, rounds) of the re-validation that fit in a third of the budget, given what
+    its runs take (``cost``). ``validate_rounds`` is the number of rounds aimed
     for; when they do not fit, fewer candidates first, then fewer rounds (the interval's width
     goes with t(n-1)/sqrt(n): 9.0 at 2 rounds, 2.5 at 3, 1.2 at 5 - rounds are worth more than
     candidates); when there is room left, more rounds, up to ``MAX_ROUNDS``. None when even one
@@ -88,10 +117,10 @@ def validation_plan(
     if top == 0 or d.multi_objective:  # the profile is chosen from the Pareto front instead
         return None
     room = budget_s / 3
-    top, rounds = _shrunk(top, rounds, run_wall_s, room)
-    if (top + 1) * rounds * run_wall_s > budget_s / 2:
+    top, rounds = _shrunk(top, rounds, cost, room)
+    if cost.of(top + 1, rounds) > budget_s / 2:
         return None
-    while rounds < MAX_ROUNDS and (top + 1) * (rounds + 1) * run_wall_s <= room:
+    while rounds < MAX_ROUNDS and cost.of(top + 1, rounds + 1) <= room:
         rounds += 1
     return top, rounds
 
@@ -107,6 +136,29 @@ def rounds_to_tell(margin: float, noise: float, *, least: int = 3, most: int = M
         if float(t.ppf(0.975, n - 1)) * math.sqrt(2) * noise / math.sqrt(n) < margin:
             return n
     return most
+
+
+def _measured(
+    built: list[float],
+    kept: list[float],
+    est: RunCost | None,
+    centre: Callable[[list[float]], float],
+) -> RunCost:
+    """What re-measurement runs take from those measured (``built``: runs that built their
+    session, ``kept``: runs on a kept one), each kind's ``centre``; a kind none of whose runs
+    ran yet as the other kind's scaled as the estimate ``est`` has them (a measurer that keeps
+    none, or none kept yet: the runs that built say how far off the estimates were), else as
+    ``est`` has it. ``built`` or ``kept`` or ``est`` is given."""
+    ratio = 1.0 if est is None else est.kept_s / est.first_s
+    if built:
+        first_s = centre(built)
+    elif kept:
+        first_s = centre(kept) / ratio
+    else:
+        assert est is not None
+        return RunCost(est.first_s, min(est.kept_s, est.first_s))
+    kept_s = centre(kept) if kept else first_s * ratio
+    return RunCost(first_s, min(kept_s, first_s))
 
 
 def ablation_runs(knobs: int) -> int:
@@ -137,11 +189,15 @@ class Budget:
         self._lock = threading.Lock()
         self._walls: list[float] = []  # wall seconds of each search trial
         # What a re-validation run of each measured trial would take (its overhead and
-        # rerun_windows of its windows): re-validation runs are that short.
+        # rerun_windows of its windows): re-validation runs are that short. And a later run
+        # on its kept session (its discarded step and its windows: ``RunCost``).
         self._rerun_walls: list[float] = []
-        # What the re-validation's runs took (``rerun_done``): once there are any, what
-        # follows it (the ablation, the limit probes) is planned from them.
+        self._kept_walls: list[float] = []
+        # What the re-measurement runs took (``rerun_done``), those that built their session
+        # and those on a kept one: once there are any, what follows (the ablation, the limit
+        # probes) is planned from them.
         self._reruns_seen: list[float] = []
+        self._kept_seen: list[float] = []
         #: Runs kept for the limit probes at the end (``autotune.limit.probe``): two, each about
         #: as long as a re-validation run, when the study measures the limit (not in script
         #: mode, which measures only its first measurement).
@@ -206,40 +262,52 @@ class Budget:
     def elapsed_s(self) -> float:
         return self.now() - self.started
 
-    def trial_done(self, wall_s: float, rerun_wall_s: float | None = None) -> None:
+    def trial_done(
+        self, wall_s: float, rerun_wall_s: float | None = None, kept_wall_s: float | None = None
+    ) -> None:
         """A search trial took ``wall_s``; a re-validation run of it would take
-        ``rerun_wall_s`` (None: it failed, nothing to re-run)."""
+        ``rerun_wall_s`` (None: it failed, nothing to re-run), and a later one on its kept
+        session ``kept_wall_s`` (None: the measurer keeps none, each run builds anew)."""
         with self._lock:
             self._walls.append(wall_s)
             if rerun_wall_s is not None:
                 self._rerun_walls.append(rerun_wall_s)
+                self._kept_walls.append(rerun_wall_s if kept_wall_s is None else kept_wall_s)
 
-    def rerun_done(self, wall_s: float) -> None:
-        """A re-measurement run of the re-validation took ``wall_s``."""
+    def rerun_done(self, wall_s: float, kept: bool = False) -> None:
+        """A re-measurement run took ``wall_s``, on a kept session or one it built."""
         with self._lock:
-            self._reruns_seen.append(wall_s)
+            (self._kept_seen if kept else self._reruns_seen).append(wall_s)
 
-    def _medians(self) -> tuple[float, float] | None:
-        """(a search trial's wall seconds, a re-validation run's) as the medians so far; None
-        before any trial ended. A re-validation run's is what the re-validation's runs took,
-        once it ran (a real 4-minute run planned its ablation at 8.5 s a run from the search
+    def _medians(self) -> tuple[float, RunCost] | None:
+        """(a search trial's wall seconds, what re-measurement runs take) as the medians so
+        far; None before any trial ended. A run's is what the re-measurement runs took, once
+        some ran (a real 4-minute run planned its ablation at 8.5 s a run from the search
         trials, ran it at 10.3 s, and ended 22 s past its budget); before, the search trials'
-        estimate. A failed trial has no re-validation run: when none has one, a run is taken
-        to be as long as a trial."""
+        estimate (``_measured``). A failed trial has no re-validation run: when none has one,
+        a run is taken to be as long as a trial."""
         with self._lock:
             if not self._walls:
                 return None
             wall = statistics.median(self._walls)
-            reruns = self._reruns_seen or self._rerun_walls
-            return wall, statistics.median(reruns) if reruns else wall
+            first, kept = self._rerun_walls, self._kept_walls
+            est = RunCost(*(statistics.median(x) for x in (first, kept))) if first else None
+            built, on_kept = list(self._reruns_seen), list(self._kept_seen)
+        if est is None and not built and not on_kept:
+            return wall, RunCost(wall, wall)
+        return wall, _measured(built, on_kept, est, statistics.median)
 
-    def _rerun_mean(self) -> float | None:
-        """The mean wall seconds of the re-validation's runs so far (``rerun_done``); None
+    def _rerun_mean(self) -> RunCost | None:
+        """What the re-measurement runs so far took (``rerun_done``), at their means; None
         before any. Rounds planned ahead add up runs, so their sum is planned at the mean: the
         median of runs whose overhead varies planned a replayed ablation of 27 runs at 4.7 s,
         against 5.4 s measured, and the run ended 13 s past its budget."""
         with self._lock:
-            return statistics.fmean(self._reruns_seen) if self._reruns_seen else None
+            built, kept = list(self._reruns_seen), list(self._kept_seen)
+        if not built and not kept:
+            return None
+        medians = self._medians()
+        return _measured(built, kept, None if medians is None else medians[1], statistics.fmean)
 
     def validation_plan(
         self,
@@ -268,25 +336,25 @@ class Budget:
         medians = self._medians()
         if medians is None:
             return None
-        run = medians[1]
-        plan = validation_plan(self.d, self.total_s, run)
+        cost = medians[1]
+        plan = validation_plan(self.d, self.total_s, cost)
         if plan is None:
             return None
-        room = self.left_s() - self.limit_reserve_s(run) - self.trace_s()
+        room = self.left_s() - self.limit_reserve_s() - self.trace_s()
         n = plan[1] if rounds is None else min(plan[1], rounds)
-        after = self._ablation_s(ablate, n, run)  # what follows keeps its share...
+        after = self._ablation_s(ablate, n, cost)  # what follows keeps its share...
         if self.as_is_planned() and (self.keep_as_is if as_is is None else as_is):
             after += self.as_is_s() or 0.0
         # ...unless the choice itself would not fit beside it, or only over fewer rounds
         # than PRECISE_ROUNDS: the choice then takes that share (see above)
-        fits = (1 + 1) * 2 * run <= room - after
-        if fits and _shrunk(*plan, run, room - after)[1] >= PRECISE_ROUNDS:
+        fits = cost.of(1 + 1, 2) <= room - after
+        if fits and _shrunk(*plan, cost, room - after)[1] >= PRECISE_ROUNDS:
             room -= after
-        top, rounds = _shrunk(*plan, run, room)
-        if (top + 1) * rounds * run > room:
+        top, rounds = _shrunk(*plan, cost, room)
+        if cost.of(top + 1, rounds) > room:
             return None
         most = self.d.validate_top if contenders is None else min(contenders, self.d.validate_top)
-        return _grown(top, rounds, max(most, 1), run, room)
+        return _grown(top, rounds, max(most, 1), cost, room)
 
     @staticmethod
     def _keeps_ablation(plan: tuple[int, int]) -> bool:
@@ -303,7 +371,7 @@ class Budget:
         return plan is not None and self._keeps_ablation(plan)
 
     @staticmethod
-    def _ablation_s(knobs: int, rounds: int, run_wall_s: float) -> float:
+    def _ablation_s(knobs: int, rounds: int, cost: RunCost) -> float:
         """Seconds the plan keeps for the ablation of a winner changing ``knobs`` knobs:
         ``ablation_runs`` a round over the re-validation's ``rounds``; none for fewer than two
         knobs (one knob is its own re-validation). Fewer rounds were tried and replayed worse:
@@ -312,7 +380,7 @@ class Budget:
         1 Gbit lab landscape at 10 minutes fell to 72 % against 87 %."""
         if knobs < 2:
             return 0.0
-        return ablation_runs(knobs) * rounds * run_wall_s
+        return cost.of(ablation_runs(knobs), rounds)
 
     def ablation_rounds(self, knobs: int) -> int:
         """Rounds of the ablation of a winner changing ``knobs`` knobs (``ablation_runs`` per
@@ -322,26 +390,26 @@ class Budget:
         medians = self._medians()
         if medians is None:
             return 0
-        run = medians[1]
-        plan = validation_plan(self.d, self.total_s, run)  # the rounds aimed for
+        plan = validation_plan(self.d, self.total_s, medians[1])  # the rounds aimed for
         if plan is None:
             return 0
-        run = self._rerun_mean() or run
-        room = self.left_s() - self.limit_reserve_s(run)
-        return max(0, min(plan[1], int(room // (ablation_runs(knobs) * run))))
+        cost = self._rerun_mean() or medians[1]
+        room = self.left_s() - self.limit_reserve_s()
+        return min(plan[1], cost.rounds_in(ablation_runs(knobs), room))
 
     def more_rounds(
         self, done: int, arms: int = 2, most: int = MAX_ROUNDS, keep_runs: int = 0
     ) -> int:
         """Rounds of ``arms`` re-validation runs, after the ``done`` rounds measured, that the
         budget left holds before ``keep_runs`` runs more and the limit probes, at their
-        measured mean time (``_rerun_mean``), up to ``most`` in all; 0 before any
+        measured mean time (``_rerun_mean``; each arm's first run as one that builds its
+        session, where an ablation came between), up to ``most`` in all; 0 before any
         re-validation run."""
-        run = self._rerun_mean()
-        if run is None:
+        cost = self._rerun_mean()
+        if cost is None:
             return 0
-        room = self.left_s() - self.limit_reserve_s(run) - keep_runs * run
-        return max(0, min(most - done, int(room // (arms * run))))
+        room = self.left_s() - self.limit_reserve_s() - keep_runs * cost.first_s
+        return max(0, min(most - done, cost.rounds_in(arms, room)))
 
     def fresh_run_s(self) -> float | None:
         """A re-validation run's wall seconds in new processes: the typical run plus the
@@ -353,8 +421,9 @@ class Budget:
             return None
         with self._lock:
             first = self._rerun_walls[0] if len(self._rerun_walls) >= 3 else None
-        start = FRESH_START_S if first is None else max(first - medians[1], 0.0)
-        return medians[1] + start
+        run = medians[1].first_s
+        start = FRESH_START_S if first is None else max(first - run, 0.0)
+        return run + start
 
     def as_is_s(self, arms: int | None = None) -> float | None:
         """Seconds of ``AS_IS_ROUNDS`` rounds of ``arms`` fresh runs (the comparison with the
@@ -378,7 +447,7 @@ class Budget:
         need, medians = self.as_is_s(arms), self._medians()
         if need is None or medians is None or not self.as_is_planned():
             return 0
-        room = self.left_s() - self.limit_reserve_s(medians[1])
+        room = self.left_s() - self.limit_reserve_s()
         return AS_IS_ROUNDS if need <= room else 0
 
     def as_is_left_out(self, arms: int) -> str:
@@ -403,13 +472,17 @@ class Budget:
         where the plan did not count the 4 s of two profiled steps."""
         return self.trace_steps * (self.defaults_step_s or 0.0)
 
-    def limit_reserve_s(self, run_wall_s: float) -> float:
-        """Seconds kept for the limit probes: ``limit_runs`` re-validation-sized runs, at most
-        ``LIMIT_SHARE`` of the budget (a probe in pooled processes takes less than a run: on
-        the quick study 2.7 s against 5-8 s)."""
+    def limit_reserve_s(self, run_wall_s: float | None = None) -> float:
+        """Seconds kept for the limit probes: ``limit_runs`` re-validation-sized runs (of
+        ``run_wall_s``, by default a run that builds its session: a probe builds its own), at
+        most ``LIMIT_SHARE`` of the budget (a probe in pooled processes takes less than a
+        run: on the quick study 2.7 s against 5-8 s)."""
+        if run_wall_s is None:
+            medians = self._medians()
+            run_wall_s = 0.0 if medians is None else medians[1].first_s
         return min(self.limit_runs * run_wall_s, LIMIT_SHARE * self.total_s)
 
-    def holds(self, seconds: float, run_wall_s: float) -> bool:
+    def holds(self, seconds: float, run_wall_s: float | None = None) -> bool:
         """Whether the budget left holds ``seconds`` more and, after them, the limit probes
         (``limit_reserve_s`` at runs of ``run_wall_s``)."""
         return self.left_s() - self.limit_reserve_s(run_wall_s) >= seconds
@@ -433,9 +506,10 @@ class Budget:
         return None if medians is None else medians[0]
 
     def rerun_s(self) -> float | None:
-        """A re-measurement run's wall seconds (``_medians``); None before any trial ended."""
+        """A re-measurement run's wall seconds in a session of its own (``_medians``); None
+        before any trial ended."""
         medians = self._medians()
-        return None if medians is None else medians[1]
+        return None if medians is None else medians[1].first_s
 
     def reserve_s(
         self,
@@ -463,20 +537,20 @@ class Budget:
         medians = self._medians()
         if medians is None:
             return 0.0
-        run = medians[1]
-        plan = validation_plan(self.d, self.total_s, run)
-        runs, after = 0, 0.0
+        cost = medians[1]
+        plan = validation_plan(self.d, self.total_s, cost)
+        runs, after = 0.0, 0.0
         if plan is not None and to_revalidate:
             n = plan[1] if rounds is None else min(plan[1], rounds)
             arms = min(to_revalidate, plan[0]) + 1
-            runs = arms * n
-            after = self._ablation_s(ablate, n, run)
+            runs = cost.of(arms, n)
+            after = self._ablation_s(ablate, n, cost)
             if not self._keeps_ablation(plan):  # the end gives its share to the choice
-                after = min(after, arms * max(PRECISE_ROUNDS - n, 0) * run)
+                after = min(after, arms * max(PRECISE_ROUNDS - n, 0) * cost.kept_s)
             if self.as_is_planned() and (self.keep_as_is if as_is is None else as_is):
                 after += self.as_is_s() or 0.0
         trace = self.trace_s() if runs else 0.0  # in the re-validation's first run
-        return run * runs + trace + after + self.limit_reserve_s(run)
+        return runs + trace + after + self.limit_reserve_s()
 
     def search_room(
         self, *, to_revalidate: int, ablate: int = 0, rounds: int | None = None, as_is: bool

@@ -39,7 +39,8 @@ def measure_interleaved(
     Re-validation and ablation (``autotune.search.ablation``) both measure this way.
 
     With ``budget``, a round after the second starts only where the budget left holds it (at
-    this comparison's own runs' mean wall time) and the limit probes after it: the plan was
+    this comparison's own runs' mean wall time, those on kept sessions where there are any:
+    ``autotune.rank.kept``) and the limit probes after it: the plan was
     made from the search trials' times, and a run that takes longer than those must not push
     the run past its budget (a replayed 5-minute run at 300 Mbit took 319 s). The rounds
     measured stand, said in one line. Each run's time is told to ``budget``
@@ -51,12 +52,13 @@ def measure_interleaved(
     failed: dict[str, str] = {}
     timed_s = 0.0
     walls: list[float] = []
+    kept: list[float] = []  # the walls of the runs on kept sessions
     size = len(keys)
     for i, key in enumerate(order):
         if budget is not None and walls and i % size == 0 and i // size >= 2:
-            run_s = statistics.mean(walls)
+            run_s = statistics.mean(kept or walls)
             round_s = run_s * sum(k not in failed for k in keys)
-            if not budget.holds(round_s, run_s):
+            if not budget.holds(round_s):
                 emit(
                     Note(
                         f"Stopped after {i // size} of {len(order) // size} rounds: the budget "
@@ -79,8 +81,10 @@ def measure_interleaved(
             continue
         runs[key].append(result.throughput)
         walls.append(result.wall_s)
+        if result.kept:
+            kept.append(result.wall_s)
         if budget is not None:
-            budget.rerun_done(result.wall_s)
+            budget.rerun_done(result.wall_s, result.kept)
         timed_s += result.window_s
         ci = result.interval
         emit(ValidationRun(key=key, throughput=ci.median, rel_half_width=ci.rel_half_width))

@@ -38,6 +38,7 @@ from autotune.core.errors import (
 from autotune.core.events import Emit, Note, Outcome, TrialFinished, TrialStarted
 from autotune.core.knobs import changed_knobs
 from autotune.core.numerics import changes_numerics, drift
+from autotune.core.rank_io import KEPT_CALL_S, REARM_STEPS
 from autotune.core.results import TrialResult
 from autotune.core.stats import Interval
 from autotune.definition.space import ResolvedSpace
@@ -166,9 +167,8 @@ class Objective:
         hopeless = result.ranks[0].stop == "hopeless"  # one-step windows: no rerun estimate
         if kind.first:  # what the defaults' trace will cost (``Budget.trace_s``)
             self.budget.defaults_step_s = result.step_time_s
-        self.budget.trial_done(
-            self.budget.now() - t0 - probe_s, None if hopeless else self._rerun_s(result)
-        )
+        rerun_s, kept_s = (None, None) if hopeless else self._rerun_s(result)
+        self.budget.trial_done(self.budget.now() - t0 - probe_s, rerun_s, kept_s)
         if drifted is not None:  # over pruning too: the more telling verdict
             self._fail(trial, drifted, changes)
             raise drifted
@@ -245,11 +245,14 @@ class Objective:
             )
         return failure
 
-    def _rerun_s(self, result: TrialResult) -> float:
+    def _rerun_s(self, result: TrialResult) -> tuple[float, float | None]:
         """What a re-measurement run of this configuration will cost: the trial's overhead
-        (its set-up and the same warm-up), and its windows."""
-        per_window = result.window_s / len(result.windows)
-        return result.overhead_s + self.d.measure.rerun_windows * per_window
+        (its set-up and the same warm-up), and its windows; and a later run on its kept
+        session (``rank.kept``: a discarded step and the windows), None where the measurer
+        keeps none."""
+        windows_s = self.d.measure.rerun_windows * result.window_s / len(result.windows)
+        kept = REARM_STEPS * result.step_time_s + KEPT_CALL_S + windows_s
+        return result.overhead_s + windows_s, kept if self.measure.keeps_sessions else None
 
     def _bar(self, trial: optuna.Trial) -> Interval | None:
         """The interval a trial is pruned below: the incumbent's; for a screening trial the

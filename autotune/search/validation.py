@@ -297,7 +297,7 @@ def _rerun(
         emit(TrialStarted(tag=f"re-validating {key}", changes=changes))
         number, config = trials[key].number, tr.config(trials[key])
         if key != "baseline" or not pending:
-            return measure(number, config, measure=rerun)
+            return measure(number, config, measure=rerun, keep=True)
         result, written = traced_run(measure, number, config, pending.pop(), rerun, emit)
         if written is not None and traced is not None:
             traced["baseline"] = written

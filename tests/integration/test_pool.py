@@ -17,13 +17,13 @@ from tests.integration.test_faults import alive, wait_gone
 pytestmark = pytest.mark.integration
 
 
-def run(runner, cfg=None, trainer="tiny", options=None, **kwargs):
+def run(runner, cfg=None, trainer="tiny", options=None, measure=QUICK, **kwargs):
     return runner.run(
         trial=0,
         trainer=f"autotune_test_trainers:{trainer}",
         trainer_options=options or {},
         config=cfg or config(),
-        measure=QUICK,
+        measure=measure,
         seed=0,
         timeout_s=120,
         **kwargs,
@@ -144,3 +144,28 @@ def test_ending_tasks_cancels_only_those_still_running(runner):
     with pytest.raises(ray.exceptions.RayError):
         ray.get(hung, timeout=60)
     assert runner.end_tasks([], grace_s=1) == []
+
+
+def test_a_kept_session_is_measured_again_and_let_go_before_a_run_of_its_own(runner):
+    """Re-measurement runs that keep their sessions (``rank.kept``) measure a configuration's
+    later runs on the session its first built, each configuration on its own; a run that
+    keeps nothing lets them all go first (else its process group would be a second one), and
+    the next run that keeps builds anew."""
+    rerun = QUICK.rerun()
+    plain, hooked = config(), config(bucket_cap_mb=5.0, comm_hook="fp16")
+    first = run(runner, plain, measure=rerun, keep=True)
+    other = run(runner, hooked, measure=rerun, keep=True)
+    again = run(runner, plain, measure=rerun, keep=True)
+    assert pids(again) == pids(other) == pids(first)
+    assert [r.session_runs for r in (*first.ranks, *other.ranks)] == [1, 1, 1, 1]
+    assert [r.session_runs for r in again.ranks] == [2, 2] and again.kept and not first.kept
+    assert again.ranks[0].applied["comm_hook"] == "none"  # its own session, not the last one's
+    assert other.ranks[0].applied["comm_hook"] == "fp16_compress_hook"
+    assert len(again.windows) == rerun.rerun_windows and again.throughput > 0
+    assert again.ranks[0].peak_memory_mb > 0
+    own = run(runner, hooked)  # a session of its own: the kept ones go first
+    assert [r.session_runs for r in own.ranks] == [1, 1] and pids(own) == pids(first)
+    anew = run(runner, plain, measure=rerun, keep=True)
+    assert [r.session_runs for r in anew.ranks] == [1, 1]
+    with pytest.raises(ValueError, match="re-measurement run in the pool"):
+        run(runner, plain, measure=rerun, keep=True, fresh=True)

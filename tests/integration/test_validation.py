@@ -125,9 +125,10 @@ def test_a_search_winner_that_remeasures_slower_is_not_exported_and_the_job_toda
 
 
 def test_a_failed_run_of_the_defaults_keeps_the_rounds_measured_before_it(runner, tmp_path):
-    """The defaults' run in the third of four rounds fails (its ranks raise while building the
-    model, in real 2-rank gloo trials): the two whole rounds before it stand, said in one
-    line, where a run of the defaults that timed out once abandoned a whole re-validation."""
+    """The defaults' run in the third of four rounds fails (its ranks raise in a step, on the
+    session kept from its last run, in real 2-rank gloo trials): the two whole rounds before
+    it stand, said in one line, where a run of the defaults that timed out once abandoned a
+    whole re-validation."""
     flag = tmp_path / "fail"
     study = _study(trial_1=1100.0)
     definition = StudyDefinition(

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from autotune.definition.studydef import StudyDefinition
-from autotune.search.budget import MAX_ROUNDS, Budget, validation_plan
+from autotune.search.budget import MAX_ROUNDS, Budget, RunCost, validation_plan
 
 
 def plan(budget_s, wall_s, top=3, rounds=5):
     d = StudyDefinition(name="t", validate_top=top, validate_rounds=rounds)
-    return validation_plan(d, budget_s, wall_s)
+    return validation_plan(d, budget_s, RunCost(wall_s, wall_s))
 
 
 def test_a_long_budget_gets_every_candidate_and_grows_to_the_most_rounds():
@@ -74,7 +74,7 @@ def test_asking_never_changes_the_budget():
     answers = [(b.validation_plan(), b.room_for_another(to_revalidate=3)) for _ in range(3)]
     # the plan of the (600, 6) case above is (3, 8); asked with the whole budget left, the
     # end would grow its rounds into the room (up to MAX_ROUNDS)
-    assert validation_plan(b.d, 600, 6.0) == (3, 8)
+    assert validation_plan(b.d, 600, RunCost(6.0, 6.0)) == (3, 8)
     assert answers == [((3, MAX_ROUNDS), True)] * 3
 
 
@@ -106,7 +106,7 @@ def test_a_reserve_that_could_no_longer_buy_a_re_validation_is_not_kept():
     b = budget(60)
     b.limit_runs = 0  # script mode: no limit probe
     b.trial_done(7.0, rerun_wall_s=7.0)
-    assert validation_plan(b.d, 60, 7.0) == (1, 2)  # the budget as a whole plans one
+    assert validation_plan(b.d, 60, RunCost(7.0, 7.0)) == (1, 2)  # the budget as a whole plans one
     b.started -= 60 - 30  # 30 s left: the re-validation still fits, the reserve keeps it
     assert b.validation_plan() == (1, 2) and not b.nothing_to_keep()
     assert not b.room_for_another(to_revalidate=1)  # 30 s < 7 s + 28 s: the search stops
@@ -118,7 +118,7 @@ def test_a_reserve_that_could_no_longer_buy_a_re_validation_is_not_kept():
     # where the budget as a whole plans none, there was never a reserve to drop
     short = budget(20)
     short.trial_done(7.0, rerun_wall_s=7.0)
-    assert validation_plan(short.d, 20, 7.0) is None and not short.nothing_to_keep()
+    assert validation_plan(short.d, 20, RunCost(7.0, 7.0)) is None and not short.nothing_to_keep()
 
 
 def test_failed_trials_count_for_the_trial_wall_not_for_the_rerun():
@@ -126,7 +126,7 @@ def test_failed_trials_count_for_the_trial_wall_not_for_the_rerun():
     b.trial_done(50.0)  # a failure: no re-validation run of it
     b.trial_done(6.0, rerun_wall_s=4.0)
     # median trial wall 28 s; the plan is sized by the re-run wall (4 s): 4 x 10 x 4 <= 200
-    assert b.validation_plan() == validation_plan(b.d, 600, 4.0) == (3, 10)
+    assert b.validation_plan() == validation_plan(b.d, 600, RunCost(4.0, 4.0)) == (3, 10)
 
 
 def test_the_budget_counts_from_the_command_s_start_when_it_is_given():
@@ -158,6 +158,33 @@ def test_the_reserve_is_what_room_for_another_keeps():
     assert not b.room_for_another(to_revalidate=1)
 
 
+def test_kept_sessions_make_a_comparisons_later_rounds_cheaper_and_the_reserve_says_so():
+    """Where re-measurement runs keep their sessions (``rank.kept``), each arm's first run of
+    a comparison builds its session and its later runs cost what the trial says they will:
+    the reserve, the plan and the further rounds are sized from both, not from the first."""
+    cost = RunCost(6.0, 3.0)
+    assert cost.of(2, 1) == 12.0 and cost.of(2, 8) == 2 * (6 + 7 * 3) and cost.of(0, 5) == 0.0
+    assert cost.rounds_in(2, 2 * (6 + 7 * 3)) == 8 and cost.rounds_in(2, 11.9) == 0
+    d = StudyDefinition(name="t", budget_s=600, validate_top=3, validate_rounds=5)
+    now = [0.0]
+    kept, flat = Budget(d, clock=lambda: now[0]), Budget(d, clock=lambda: now[0])
+    kept.trial_done(6.0, rerun_wall_s=6.0, kept_wall_s=3.0)
+    flat.trial_done(6.0, rerun_wall_s=6.0)  # a measurer that keeps none (script mode)
+    assert validation_plan(d, 600, cost) == (3, 10) != validation_plan(d, 600, RunCost(6, 6))
+    one = kept.reserve_s(to_revalidate=1)
+    n = kept.validation_plan()[1]
+    assert one == pytest.approx(cost.of(2, 10) + kept.limit_reserve_s(6.0)) and n == 10
+    assert one < flat.reserve_s(to_revalidate=1)
+    # the limit probes build sessions of their own: kept at a first run's seconds
+    assert kept.limit_reserve_s() == flat.limit_reserve_s() == kept.limit_reserve_s(6.0)
+    # the runs measured replace the estimates, each kind its own
+    kept.rerun_done(7.0)
+    kept.rerun_done(2.0, kept=True)
+    room = 600 - kept.limit_reserve_s()
+    assert kept.rerun_s() == 7.0 and kept.limit_reserve_s() == min(2 * 7.0, 0.05 * 600)
+    assert kept.more_rounds(0, most=1000) == RunCost(7.0, 2.0).rounds_in(2, room) == 144
+
+
 def test_what_the_search_leaves_goes_to_more_rounds_and_what_follows_keeps_its_share():
     """The README's 3-minute run stopped with 84 s left and 224 s kept, re-validated in 54 s
     and returned 24 s: the end now takes the room left, less what follows the re-validation."""
@@ -165,7 +192,7 @@ def test_what_the_search_leaves_goes_to_more_rounds_and_what_follows_keeps_its_s
     d = StudyDefinition(name="t", budget_s=180, validate_top=3, validate_rounds=5)
     b = Budget(d, clock=lambda: now[0])
     b.trial_done(4.0, rerun_wall_s=3.5)
-    assert validation_plan(d, 180, 3.5) == (2, 5)  # a third of the budget
+    assert validation_plan(d, 180, RunCost(3.5, 3.5)) == (2, 5)  # a third of the budget
     now[0] = 180 - 84  # 84 s left
     limit = b.limit_reserve_s(3.5)
     top, rounds = b.validation_plan()
@@ -186,7 +213,7 @@ def test_room_beyond_the_plan_measures_the_other_candidates_before_more_rounds()
     d = StudyDefinition(name="t", budget_s=300, validate_top=3, validate_rounds=5)
     b = Budget(d, clock=lambda: now[0])
     b.trial_done(18.0, rerun_wall_s=13.5)
-    assert validation_plan(d, 300, 13.5) == (1, 3)
+    assert validation_plan(d, 300, RunCost(13.5, 13.5)) == (1, 3)
     now[0] = 300 - 163 - b.limit_reserve_s(13.5)
     assert b.validation_plan() == (3, 3)  # 4 x 3 x 13.5 = 162 s
     # a candidate comes back only at the plan's rounds: where two over 3 rounds do not fit
@@ -205,9 +232,9 @@ def test_candidates_that_could_still_win_are_measured_before_rounds_past_the_pre
     d = StudyDefinition(name="t", budget_s=600, validate_top=3, validate_rounds=5)
     b = Budget(d, clock=lambda: now[0])
     b.trial_done(18.0, rerun_wall_s=13.6)
-    assert validation_plan(d, 600, 13.6) == (1, 7)
+    assert validation_plan(d, 600, RunCost(13.6, 13.6)) == (1, 7)
     now[0] = 120  # 480 s left
-    room = 480 - b.limit_reserve_s(13.6) - Budget._ablation_s(2, 7, 13.6)
+    room = 480 - b.limit_reserve_s(13.6) - Budget._ablation_s(2, 7, RunCost(13.6, 13.6))
     assert b.validation_plan(ablate=2, contenders=1) == (1, 6)  # 2 x 6 x 13.6 <= room
     assert b.validation_plan(ablate=2, contenders=3) == (3, 3)
     assert 4 * 3 * 13.6 <= room < 4 * 4 * 13.6
@@ -223,7 +250,7 @@ def test_the_choice_comes_first_when_what_follows_would_leave_it_no_room():
     b = Budget(d, clock=lambda: now[0])
     b.trial_done(15.0, rerun_wall_s=15.0)
     now[0] = 300 - 156
-    assert Budget._ablation_s(2, 5, 15.0) == 225.0  # 3 runs x 5 rounds x 15 s
+    assert Budget._ablation_s(2, 5, RunCost(15.0, 15.0)) == 225.0  # 3 runs x 5 rounds x 15 s
     plan = b.validation_plan(ablate=2)
     assert plan is not None and plan[0] >= 1 and plan[1] >= 2
     assert (plan[0] + 1) * plan[1] * 15.0 <= 156 - b.limit_reserve_s(15.0)
@@ -238,7 +265,7 @@ def test_where_the_plan_has_fewer_than_precise_rounds_the_reserve_keeps_them_not
     d = StudyDefinition(name="t", budget_s=240, validate_top=3, validate_rounds=5)
     b = Budget(d, clock=lambda: now[0])
     b.trial_done(20.0, rerun_wall_s=20.0)
-    assert validation_plan(d, 240, 20.0) == (1, 2)
+    assert validation_plan(d, 240, RunCost(20.0, 20.0)) == (1, 2)
     limit = b.limit_reserve_s(20.0)
     kept = b.reserve_s(to_revalidate=1, ablate=3, rounds=3)
     assert kept == pytest.approx(2 * 3 * 20.0 + limit)  # not 2 x 2 x 20 + 6 x 2 x 20

@@ -149,3 +149,42 @@ def test_a_drifting_landscape_slows_every_run_alike_and_its_failing_value_times_
     failed = [t for t in r.study.trials if t.params.get("num_workers") == 2]
     reasons = [tr.reason(t) for t in failed if t.state.name == "FAIL"]
     assert reasons[:2] == ["timeout", "timeout"] and set(reasons[2:]) <= {"known_failing"}
+
+
+def test_a_replayed_rerun_on_a_kept_session_costs_its_discarded_step_and_the_call():
+    """A re-measurement run of a point whose session is kept (``keep``) is charged a step at
+    the point's step time and ``KEPT_CALL_S``, not the recorded run's set-up; its first run
+    costs the recorded seconds, and a run that keeps nothing lets every kept session go."""
+    import random
+    import statistics
+
+    from autotune.core.config import MeasureSettings
+    from autotune.core.rank_io import KEPT_CALL_S, REARM_STEPS
+    from autotune.replay import simulate
+
+    land = Landscape.load(LANDSCAPE)
+    space = land.space().resolve(simulate._target(land))
+    m = simulate.ReplayMeasurer(land, None, space, None, random.Random(0))
+    drawn = random.Random(0)  # the same draws as the measurer's, in the same order
+    config, key = m._points[0]
+    rerun = MeasureSettings().rerun()
+
+    def outside(**kw):
+        """The run's seconds outside its windows, the recorded run's set-up and warm-up as
+        a run discarding ``rerun``'s steps has them, and its step's seconds."""
+        r = m(0, config, measure=rerun, **kw)
+        run = drawn.choice(land.runs[key])
+        step_s = config.global_batch / statistics.median(run.windows)
+        fewer = max((run.stepped_warmup or 0) - rerun.discarded_steps, 0)
+        recorded = max(run.overhead_s - fewer * step_s, 0.0)
+        return r.wall_s - r.window_s, r.kept, recorded, step_s
+
+    built, kept, recorded, _ = outside(keep=True)
+    assert not kept and built == pytest.approx(recorded) and built > 0  # its session built
+    again, kept, recorded, step_s = outside(keep=True)
+    assert kept and again == pytest.approx(REARM_STEPS * step_s + KEPT_CALL_S)
+    assert again < recorded
+    own, kept, recorded, _ = outside()  # a run of its own: the kept session goes
+    assert not kept and own == pytest.approx(recorded)
+    anew, kept, recorded, _ = outside(keep=True)
+    assert not kept and anew == pytest.approx(recorded)

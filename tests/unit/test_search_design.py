@@ -550,14 +550,14 @@ def test_a_value_that_times_out_twice_is_not_run_again_and_not_counted_as_a_tria
 
 
 def test_the_last_trial_the_budget_holds_combines_the_screened_helpers():
-    """At 64 s the budget holds one trial after the screening (at 62-66 s, with re-measurement
-    runs warming up as the trials do): it used to be the run of the defaults that closes the
-    screening, and the two helpers were exported apart (0.91 of the best); the combination
-    runs instead, said in one line."""
+    """At 60 s the budget holds one trial after the screening (at 58-63 s, with re-measurement
+    runs warming up as the trials do and later ones on kept sessions): it used to be the run
+    of the defaults that closes the screening, and the two helpers were exported apart (0.91
+    of the best); the combination runs instead, said in one line."""
     from autotune.record import trial as tr
 
     notes: list = []
-    r = replay(landscape(TWO_HELP), seed=0, n_trials=100, budget_s=64, emit=notes.append)
+    r = replay(landscape(TWO_HELP), seed=0, n_trials=100, budget_s=60, emit=notes.append)
     last = r.study.trials[-1]
     assert tr.combination(last) is not None and r.stop == "budget"
     assert not [t for t in r.study.trials if tr.anchor(t) == "after screening"]
@@ -671,7 +671,7 @@ def test_a_reserve_that_can_no_longer_buy_a_re_validation_goes_to_more_trials(mo
 def test_a_knob_with_a_gain_of_2_percent_or_more_is_kept_though_its_interval_reaches_1(
     monkeypatch,
 ):
-    """The recorded 1 Gbit landscape at 4 minutes (seed 11): the winner is the fp16 hook with
+    """The recorded 1 Gbit landscape at 4 minutes (seed 6): the winner is the fp16 hook with
     bf16 and 5 MB buckets (0.994 of the best point); the ablation's rounds put 5 MB buckets (a
     true 1.03x) at a median of 2 % or more, the interval reaching 1. They are kept, said so;
     the rule that kept only gains beyond the noise dropped them (0.965 exported)."""
@@ -684,7 +684,7 @@ def test_a_knob_with_a_gain_of_2_percent_or_more_is_kept_though_its_interval_rea
     def run():
         notes: list[str] = []
         emit = lambda e: notes.append(e.text) if isinstance(e, Note) else None  # noqa: E731
-        r = replay(lab, seed=11, n_trials=100000, budget_s=240, emit=emit)
+        r = replay(lab, seed=6, n_trials=100000, budget_s=240, emit=emit)
         return r, r.study.user_attrs["ablation"], notes
 
     r, record, notes = run()

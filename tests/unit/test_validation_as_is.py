@@ -125,6 +125,7 @@ class Stand:
     def __init__(self, *, reason: str | None = None, fail: str | None = None) -> None:
         self.reason, self.fail = reason, fail
         self.calls: list[tuple[str, int, bool | None]] = []
+        self.kept: list[bool] = []  # each warm run's ``keep``
         self.n = 0
 
     def _value(self, config: TrialConfig, pin: bool) -> float:
@@ -134,8 +135,11 @@ class Stand:
             return 100.0 * wobble
         return (160.0 if config.precision == "bf16" else 132.0) * wobble
 
-    def __call__(self, number, config, incumbent=None, measure=None, log_dir=None, limit=None):
+    def __call__(
+        self, number, config, incumbent=None, measure=None, log_dir=None, limit=None, keep=False
+    ):
         self.calls.append(("warm", number, None))
+        self.kept.append(keep)
         return result(self._value(config, True), True)
 
     def as_is(self, config: TrialConfig) -> TrialConfig | str:
@@ -209,6 +213,7 @@ def test_the_winner_s_choice_is_made_in_the_warm_pool_and_unchanged_by_the_job_t
     _, record, _ = run_revalidation(m)
     warm = [c for c in m.calls if c[0] == "warm"]
     assert len(warm) == 8 and record.measurements.keys() == {"baseline", "trial 1"}
+    assert m.kept == [True] * 8  # on the sessions the ranks keep (``rank.kept``)
     assert TODAY not in record.results  # never a candidate
 
 
@@ -251,8 +256,8 @@ def test_where_the_job_today_cannot_be_measured_the_record_says_why(stand, budge
             as_is_rounds=lambda arms: budget_rounds,
             as_is_left_out=lambda arms: "not measured: left out, why",
             phase=lambda name: contextlib.nullcontext(),
-            holds=lambda seconds, run_s: True,
-            rerun_done=lambda wall_s: None,
+            holds=lambda seconds, run_s=None: True,
+            rerun_done=lambda wall_s, kept=False: None,
         )
     _, record, _ = run_revalidation(stand, budget=budget)
     assert record is not None and record.as_is is not None
@@ -440,8 +445,17 @@ def test_the_first_run_of_the_defaults_takes_their_trace_and_only_it(tmp_path):
 
     class Traced(Stand):
         def __call__(
-            self, number, config, incumbent=None, measure=None, log_dir=None, limit=None, trace=None
+            self,
+            number,
+            config,
+            incumbent=None,
+            measure=None,
+            log_dir=None,
+            limit=None,
+            trace=None,
+            keep=False,
         ):
+            assert not (keep and trace)  # a traced run is a session of its own
             self.calls.append(("warm", number, trace))
             if trace is not None:
                 trace.write_text('{"traceEvents": []}')
