@@ -199,9 +199,12 @@ def test_what_the_search_leaves_goes_to_more_rounds_and_what_follows_keeps_its_s
     # the candidates the plan's third left out come back first, then rounds the room holds
     assert (top, rounds) == (3, 5) and (top + 1) * rounds * 3.5 <= 84 - limit
     assert (top + 1) * (rounds + 1) * 3.5 > 84 - limit  # every round the room holds
-    # an ablation of 2 knobs to follow: its 3 runs a round over the plan's 5 rounds stay free
-    top, rounds = b.validation_plan(ablate=2)
+    # an ablation of 2 knobs to follow, one candidate that could still win: its 3 runs a
+    # round over the plan's 5 rounds stay free
+    top, rounds = b.validation_plan(ablate=2, contenders=1)
     assert (top + 1) * rounds * 3.5 <= 84 - limit - 3 * 5 * 3.5
+    # three that could: beside the ablation only one fits, so the choice takes its share
+    assert b.validation_plan(ablate=2, contenders=3) == (3, 5)
 
 
 def test_room_beyond_the_plan_measures_the_other_candidates_before_more_rounds():
@@ -307,7 +310,7 @@ def test_the_end_keeps_the_ablation_the_share_the_reserve_kept_for_it():
     kept = b.reserve_s(to_revalidate=1, ablate=3, rounds=3)
     assert b.reserve_keeps_ablation()
     now[0] = 600 - kept  # the search stopped with exactly the reserve left
-    top, rounds = b.validation_plan(ablate=3, rounds=3)
+    top, rounds = b.validation_plan(ablate=3, rounds=3, contenders=1)
     ablation = 6 * 3 * 6.0  # 6 runs a round (3 knobs), 3 rounds, 6 s each
     assert (top + 1) * rounds * 6.0 <= kept - b.limit_reserve_s(6.0) - ablation
     now[0] += (top + 1) * rounds * 6.0
