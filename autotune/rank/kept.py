@@ -21,9 +21,14 @@ Memory: another session is built beside kept ones only where every rank's node h
 twice over, for each of the node's ranks (``_room``: the largest kept session's footprint,
 from the node's available memory or the GPU's free memory); where any rank's has not, the
 least recently used kept session goes first, on every rank alike (the ranks agree over the
-kept process group). No more than ``MOST_KEPT`` are kept, ``MOST_COMPILED`` of them compiled
-(dynamo keeps 8 graphs per code object, then runs eager); a compiled session released takes
-the other compiled ones with it (``torch.compiler.reset`` clears every model's graphs).
+kept process group). A new session is kept after its run only where there is still such room
+and fewer than ``MOST_KEPT`` are kept; else it goes when its run ends. So where a comparison
+has more configurations than fit, those kept stay kept and the others are built for each run
+(letting the least recently used go instead would miss on every run of a round-robin).
+Compiled models of one workload share their graphs (on the default workload five compiled
+configurations kept side by side compiled no graph after the first two, and none in any
+later run's windows), so letting one go leaves the graphs to the others; they are cleared
+(``torch.compiler.reset``) when every kept session goes.
 
 A failure in a kept run fails it as any run fails: the launcher then kills the processes, and
 the kept sessions with them.
@@ -50,9 +55,8 @@ from autotune.rank.session import (
 
 __all__ = ["kept_session", "release"]
 
-#: Sessions kept at most in one process; compiled ones among them (module doc).
+#: Sessions kept at most in one process (module doc).
 MOST_KEPT = 8
-MOST_COMPILED = 4
 
 #: The kept sessions by key, the least recently used first.
 _SESSIONS: OrderedDict[str, Session] = OrderedDict()
@@ -75,17 +79,23 @@ def kept_session(spec: RankSpec, store: Any) -> Iterator[tuple[Session, int]]:
         return
     import torch.distributed as dist
 
-    if _SESSIONS:  # agree on room, over the kept process group
-        _make_room(spec)
     device = prepare_process(spec)
+    while _SESSIONS and not _agreed(_room(spec, device), device):  # room to build it
+        _drop(next(iter(_SESSIONS)))
     if not dist.is_initialized():  # the first kept session's run: the kept process group
         init_group(spec, store)
     before = _used_mb(device)
     s = build(spec, device)
     s.others_mb = _held_mb()
     yield s, spec.measure.discarded_steps
-    _FOOTPRINT[spec.keep] = max(_used_mb(device) - before, 0.0)
-    _SESSIONS[spec.keep] = s
+    footprint = max(_used_mb(device) - before, 0.0)
+    room = _room(spec, device, footprint)
+    if not _SESSIONS or (len(_SESSIONS) < MOST_KEPT and _agreed(room, device)):
+        _FOOTPRINT[spec.keep] = footprint
+        _SESSIONS[spec.keep] = s
+    else:  # built for this run alone, on the kept process group
+        del s
+        _collect()
 
 
 def release() -> None:
@@ -105,27 +115,10 @@ def release() -> None:
     _collect()
 
 
-def _make_room(spec: RankSpec) -> None:
-    """Release the least recently used kept sessions until one more fits (module doc)."""
-    compiled = is_compiled(spec)
-    while _SESSIONS:
-        held = list(_SESSIONS.values())
-        full = len(held) >= MOST_KEPT or (
-            compiled and sum(is_compiled(s.spec) for s in held) >= MOST_COMPILED
-        )
-        if not full and _agreed(_room(spec, held)):
-            return
-        _drop(next(iter(_SESSIONS)))
-
-
 def _drop(key: str) -> None:
+    """Let the kept session ``key`` go (its compiled graphs stay: the others share them)."""
     gone = _SESSIONS.pop(key)
     _FOOTPRINT.pop(key, None)
-    if is_compiled(gone.spec):  # the reset clears every compiled model's graphs
-        for k in [k for k, s in _SESSIONS.items() if is_compiled(s.spec)]:
-            _SESSIONS.pop(k)
-            _FOOTPRINT.pop(k, None)
-        reset_compiler()
     del gone
     _collect()
 
@@ -142,23 +135,24 @@ def _collect() -> None:
     allocator.trim()
 
 
-def _room(spec: RankSpec, held: list[Session]) -> bool:
-    """Whether this rank's node (its GPU) holds the largest kept session's footprint twice
-    over for each of the node's ranks (one for a GPU's own rank)."""
-    largest = max(_FOOTPRINT.values(), default=0.0)
-    free = _free_mb(held[0].cuda, held[0].device)
+def _room(spec: RankSpec, device: Any, also: float = 0.0) -> bool:
+    """Whether this rank's node (its GPU) holds the largest kept session's footprint (or
+    ``also``'s, a session about to be kept) twice over for each of the node's ranks (one for
+    a GPU's own rank)."""
+    largest = max(*_FOOTPRINT.values(), also, 0.0)
+    cuda = device.type == "cuda"
+    free = _free_mb(cuda, device)
     if free is None:  # nothing says: one session at a time
         return False
-    ranks = 1 if held[0].cuda else spec.local_world_size
+    ranks = 1 if cuda else spec.local_world_size
     return free >= 2 * ranks * largest
 
 
-def _agreed(fits: bool) -> bool:
+def _agreed(fits: bool, device: Any) -> bool:
     """``fits`` on every rank (over the kept process group): every rank decides alike."""
     import torch
     import torch.distributed as dist
 
-    device = next(iter(_SESSIONS.values())).device
     t = torch.tensor([1.0 if fits else 0.0], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
     return bool(t.item())
