@@ -339,8 +339,10 @@ def _say(record: AblationRecord, emit: Emit) -> None:
                 verdict = f"dropped: {NO_GAIN}"
             elif low > 1.0 or record.together:
                 verdict = "kept"
-            else:
+            elif med >= 1.0 + HELPS:
                 verdict = f"kept: a gain of {HELPS:.0%} or more, not yet beyond the noise"
+            else:  # set back in with the knobs checked together (``_check_joint``)
+                verdict = "kept with the knobs checked together (below)"
             emit(Note(f"  {k}={c.value}: the winner is {shown} itself without it - {verdict}"))
     if record.together:
         emit(Note("No knob carries the gain alone beyond the noise: they are kept together"))

@@ -225,3 +225,38 @@ def test_every_record_a_replayed_run_writes_reads_back():
         m = tr.measurement(t)
         assert m is not None and m.throughput == pytest.approx(t.values[0], rel=1e-3)
         assert tr.config(t).to_dict() == tr.config_dict(t)
+
+
+def test_a_knob_kept_back_with_others_is_not_said_to_gain_2_percent():
+    """A real 10-minute run: the joint check of static_graph and compile had no budget left,
+    so both went back in; static_graph's line read "0.996x [0.953, 1.042] ... kept: a gain of
+    2% or more", a gain its own figure does not show. It now says why it is kept."""
+    from autotune.core.events import Note
+    from autotune.search.ablation import _say
+
+    record = AblationRecord(
+        trial=13,
+        rounds=8,
+        order=[],
+        measurements={},
+        contributions={
+            "static_graph": Contribution(value=True, kept=True, speedup=[0.953, 0.996, 1.042]),
+            "bucket_cap_mb": Contribution(value=2.6, kept=True, speedup=[0.987, 1.025, 1.065]),
+            "precision": Contribution(value="bf16", kept=True, speedup=[1.117, 1.177, 1.24]),
+        },
+        dropped=[],
+        together=False,
+        joint=JointCheck(
+            knobs=["static_graph"], kept_back=True, why="not measured together: kept", rounds=1
+        ),
+        params={},
+        config={},
+    )
+    said: list[str] = []
+    _say(record, lambda e: said.append(e.text) if isinstance(e, Note) else None)
+    assert said[0].endswith(
+        "0.996x [0.953, 1.042] itself without it - kept with the knobs checked together (below)"
+    )
+    assert said[1].endswith("kept: a gain of 2% or more, not yet beyond the noise")
+    assert said[2].endswith("1.177x [1.117, 1.240] itself without it - kept")
+    assert said[3] == "  without static_graph at once: not measured together: kept"
