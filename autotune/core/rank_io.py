@@ -17,6 +17,7 @@ __all__ = [
     "NonFiniteLoss",
     "RankResult",
     "RankSpec",
+    "kept_overhead_s",
 ]
 
 #: The limit probe's setting (``RankSpec.limit``) that takes it after the trial's own windows,
@@ -28,6 +29,12 @@ REARM_STEPS = 1
 #: Seconds of such a run outside that step and its windows: the call and the ranks' agreement
 #: to start (``bench/kept_sessions.py`` on the default workload: 0.02-0.03).
 KEPT_CALL_S = 0.03
+
+
+def kept_overhead_s(step_s: float) -> float:
+    """Seconds a run on a kept session spends outside its windows, at ``step_s`` a step: its
+    discarded steps and the call (the budget's estimate, the replay's charge)."""
+    return REARM_STEPS * step_s + KEPT_CALL_S
 
 
 class MemoryLimitExceeded(MemoryError):

@@ -54,7 +54,7 @@ import optuna
 from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.errors import TrialFailed
 from autotune.core.events import Emit, ignore
-from autotune.core.rank_io import AFTER_WINDOWS, KEPT_CALL_S, REARM_STEPS, RankResult
+from autotune.core.rank_io import AFTER_WINDOWS, RankResult, kept_overhead_s
 from autotune.core.results import TrialResult
 from autotune.core.stats import Interval
 from autotune.core.target import Target
@@ -288,7 +288,7 @@ class ReplayMeasurer:
         overhead_s = max(run.overhead_s - fewer * step_s, 0.0)
         runs_on_it = 1
         if keep and key in self._kept:  # on its kept session: its discarded step and the call
-            overhead_s = min(REARM_STEPS * step_s + KEPT_CALL_S, overhead_s)
+            overhead_s = min(kept_overhead_s(step_s), overhead_s)
             runs_on_it = 2
         elif keep:
             self._kept.add(key)

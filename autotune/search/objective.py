@@ -38,7 +38,7 @@ from autotune.core.errors import (
 from autotune.core.events import Emit, Note, Outcome, TrialFinished, TrialStarted
 from autotune.core.knobs import changed_knobs
 from autotune.core.numerics import changes_numerics, drift
-from autotune.core.rank_io import KEPT_CALL_S, REARM_STEPS
+from autotune.core.rank_io import kept_overhead_s
 from autotune.core.results import TrialResult
 from autotune.core.stats import Interval
 from autotune.definition.space import ResolvedSpace
@@ -251,7 +251,7 @@ class Objective:
         session (``rank.kept``: a discarded step and the windows), None where the measurer
         keeps none."""
         windows_s = self.d.measure.rerun_windows * result.window_s / len(result.windows)
-        kept = REARM_STEPS * result.step_time_s + KEPT_CALL_S + windows_s
+        kept = kept_overhead_s(result.step_time_s) + windows_s
         return result.overhead_s + windows_s, kept if self.measure.keeps_sessions else None
 
     def _bar(self, trial: optuna.Trial) -> Interval | None:
