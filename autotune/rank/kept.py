@@ -47,7 +47,6 @@ from autotune.rank.session import (
     Session,
     build,
     init_group,
-    is_compiled,
     prepare_process,
     reset_compiler,
     rss_mb,
@@ -105,11 +104,9 @@ def release() -> None:
 
     if not dist.is_initialized():  # every other run destroys its own
         return
-    compiled = any(is_compiled(s.spec) for s in _SESSIONS.values())
     _SESSIONS.clear()
     _FOOTPRINT.clear()
-    if compiled:
-        reset_compiler()
+    reset_compiler()  # the graphs of every compiled session of the group, kept or let go
     LAST_GROUP.append(dist.group.WORLD)  # freed when the next run starts (LAST_GROUP's doc)
     dist.destroy_process_group()
     _collect()
