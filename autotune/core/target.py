@@ -27,9 +27,13 @@ class Target:
     bf16: bool = False
     """The device runs bf16 autocast (any CPU; CUDA devices that report bf16 support)."""
     bf16_native: bool = False
-    """bf16 matmuls run in hardware: a CUDA device that reports bf16 support, or a CPU with
-    AVX512-BF16 or AMX (``hardware.CPU_BF16_FLAGS``). Where not, bf16 autocast on a CPU is
-    legal but slow, and the designed start does not screen it."""
+    """bf16 matmuls run in hardware: a CUDA device that reports bf16 support, or a CPU whose
+    bf16 matmuls take less time than its fp32 ones (``hardware.bf16_matmul_ratio``; where
+    that cannot be timed, one with AVX512-BF16 or AMX, ``hardware.CPU_BF16_FLAGS``). Where
+    not, bf16 autocast on a CPU is legal but slow, and it is left out of the search."""
+    bf16_ratio: float | None = None
+    """A CPU's bf16 matmul time over its fp32 one, as measured (``bf16_native``); None where
+    not measured."""
     tf32: bool = False
     """The device has TF32 tensor cores (CUDA compute capability 8.0 or newer)."""
     free_batch: bool = False

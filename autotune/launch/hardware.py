@@ -11,7 +11,7 @@ from autotune.core import compiling
 from autotune.core.target import Target
 from autotune.core.values import shown
 
-__all__ = ["assumed", "describe", "differences", "nvlink_active", "target_of"]
+__all__ = ["assumed", "bf16_matmul_ratio", "describe", "differences", "nvlink_active", "target_of"]
 
 #: The ``hardware`` keys that a profile's measurements depend on.
 COMPARED = ("device", "device_name", "device_count", "torch", "cuda", "nccl", "bf16_native")
@@ -48,14 +48,17 @@ def describe(backend: str) -> dict[str, Any]:
         )
     else:
         name, flags = _cpuinfo()
+        ratio = bf16_matmul_ratio()
         # For a CPU the count is its cores: what the ranks of one node share. Every CPU runs
-        # bf16 autocast; only one with bf16 dot products in its instruction set runs it fast.
+        # bf16 autocast; only one whose bf16 matmuls are faster than its fp32 ones runs it
+        # fast: measured where it can be, else read from the instruction-set flags.
         info.update(
             device="cpu",
             device_name=name or platform.processor() or platform.machine(),
             device_count=info["cpus"],
             bf16=True,
-            bf16_native=bool(CPU_BF16_FLAGS & flags),
+            bf16_native=bool(CPU_BF16_FLAGS & flags) if ratio is None else ratio < BF16_FAST,
+            bf16_matmul_ratio=None if ratio is None else round(ratio, 2),
             tf32=False,
         )
     # Why torch.compile cannot run on these ranks (no C++ compiler, no triton), or None: the
@@ -85,6 +88,7 @@ def target_of(
         cpus_per_rank=max(1, min(cpus_per_rank, hw["cpus"] // ranks_per_node)),
         bf16=bool(hw.get("bf16")),
         bf16_native=bool(hw.get("bf16_native")),
+        bf16_ratio=hw.get("bf16_matmul_ratio"),
         tf32=bool(hw.get("tf32")),
         free_batch=free_batch,
         ranks_per_node=ranks_per_node,
@@ -109,11 +113,55 @@ def assumed(
 
 
 #: /proc/cpuinfo flags of CPUs whose instruction set has bf16 dot products (AVX512-BF16,
-#: AMX): oneDNN runs bf16 matmuls on them. Without either, bf16 autocast ran about 20x slower
-#: than fp32 on the default study (a 2-core AVX2 machine); with AVX512-BF16 its screening
-#: trials ran 1.33-1.44x the defaults (docs/benchmark.md, the 10-minute side-by-side runs). Only
-#: x86 flags are read: an ARM CPU reads as without (bf16 is then left to the sampler).
+#: AMX): what says whether bf16 is native where the matmuls cannot be timed
+#: (``bf16_matmul_ratio`` None). Only x86 flags are read: an ARM CPU reads as without.
 CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+#: A CPU runs bf16 natively where a bf16 matmul takes less time than the same fp32 one
+#: (``bf16_matmul_ratio`` under this). The flags alone do not say it: on one machine with AMX,
+#: a 256x512 by 512x512 matmul, one thread, bf16 over fp32: 0.17 as it is; with oneDNN capped
+#: (``ONEDNN_MAX_CPU_ISA``) to AVX512_CORE_BF16 (AVX512-BF16 without AMX) 1.6, to AVX512_CORE
+#: 3.6, to AVX2 60. The default MLP's whole bf16 step over its fp32 one under the same caps:
+#: 0.8, 1.24, 2.6 and 80; an AVX2 machine without bf16 units ran it about 20x slower.
+BF16_FAST = 1.0
+#: The matmul ``bf16_matmul_ratio`` times: (rows, inner, columns).
+BF16_PROBE_SHAPE = (256, 512, 512)
+#: Timed calls of each dtype, after one untimed (oneDNN builds its kernel on the first).
+BF16_PROBE_CALLS = 5
+
+
+def bf16_matmul_ratio() -> float | None:
+    """The best time of a bf16 matmul over the best time of the same fp32 one
+    (``BF16_PROBE_SHAPE``, on one thread, calls of the two interleaved), or None where bf16
+    matmuls fail here. About 10 ms where bf16 is native; a bf16 call that alone takes ten
+    times fp32's best ends the timing (emulated: about 60 ms a call)."""
+    import time
+
+    import torch
+
+    rows, inner, cols = BF16_PROBE_SHAPE
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the ratio of the two, not the machine's parallelism
+    try:
+        gen = torch.Generator().manual_seed(0)
+        a = torch.randn(rows, inner, generator=gen)
+        b = torch.randn(inner, cols, generator=gen)
+        pairs = {torch.float32: (a, b), torch.bfloat16: (a.bfloat16(), b.bfloat16())}
+        best = {dtype: math.inf for dtype in pairs}
+        for call in range(BF16_PROBE_CALLS + 1):
+            for dtype, (x, y) in pairs.items():
+                start = time.perf_counter()
+                torch.mm(x, y)
+                took = time.perf_counter() - start
+                if call:  # the first call of each builds its kernel
+                    best[dtype] = min(best[dtype], took)
+            if call and best[torch.bfloat16] > 10 * best[torch.float32]:
+                break
+        return best[torch.bfloat16] / best[torch.float32]
+    except RuntimeError:  # a build without bf16 matmuls on this CPU
+        return None
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _cpuinfo(path: str = "/proc/cpuinfo") -> tuple[str | None, frozenset[str]]:

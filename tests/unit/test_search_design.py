@@ -6,6 +6,8 @@ re-validation, export - with recorded runs in place of Ray ranks."""
 from __future__ import annotations
 
 import itertools
+import os
+import platform
 from pathlib import Path
 
 import pytest
@@ -495,15 +497,81 @@ def test_a_landscape_recorded_on_bf16_units_gets_bf16_screened_first():
         assert r.study.trials[1].user_attrs["screen"] == first, native
 
 
-def test_the_probe_reads_the_cpu_flags(monkeypatch):
+def test_the_probe_times_bf16_and_reads_the_cpu_flags_only_where_it_cannot(monkeypatch):
     from autotune.launch import hardware
 
+    monkeypatch.setattr(hardware, "bf16_matmul_ratio", lambda: None)  # cannot be timed
     monkeypatch.setattr(hardware, "_cpuinfo", lambda: ("Some CPU", frozenset({"amx_bf16"})))
     got = hardware.describe("gloo")
     assert got["device_name"] == "Some CPU" and got["bf16_native"] is True
+    assert got["bf16_matmul_ratio"] is None
     monkeypatch.setattr(hardware, "_cpuinfo", lambda: (None, frozenset({"avx2"})))
     got = hardware.describe("gloo")
     assert got["bf16_native"] is False and got["device_name"]  # platform's name instead
+    # timed, the time decides: flags that promise bf16 units whose matmuls run slower
+    # (oneDNN capped below them, a CPU with AVX512-BF16 but no AMX) are not native
+    monkeypatch.setattr(hardware, "_cpuinfo", lambda: ("Some CPU", frozenset({"avx512_bf16"})))
+    monkeypatch.setattr(hardware, "bf16_matmul_ratio", lambda: 1.6)
+    got = hardware.describe("gloo")
+    assert got["bf16_native"] is False and got["bf16_matmul_ratio"] == 1.6
+    monkeypatch.setattr(hardware, "_cpuinfo", lambda: (None, frozenset()))  # ARM: no x86 flags
+    monkeypatch.setattr(hardware, "bf16_matmul_ratio", lambda: 0.4)
+    assert hardware.describe("gloo")["bf16_native"] is True
+    target = hardware.target_of(
+        {**got, "node_count": 1},
+        backend="gloo",
+        world_size=2,
+        global_batch=128,
+        cpus_per_rank=1,
+        free_batch=False,
+    )
+    assert target.bf16_ratio == 1.6 and not target.bf16_native
+
+
+def _describe_in_a_new_process(**env: str) -> dict:
+    """``hardware.describe("gloo")`` in a new interpreter with ``env`` added: oneDNN reads
+    its ISA cap once, when it starts."""
+    import json
+    import subprocess
+    import sys
+
+    code = "import json; from autotune.launch.hardware import describe; "
+    code += "print(json.dumps(describe('gloo')))"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="oneDNN's ISA cap is an x86 setting")
+def test_a_cpu_whose_bf16_runs_emulated_is_told_apart_by_timing_it():
+    """With oneDNN capped to AVX2, bf16 matmuls are emulated on any x86 CPU, whatever its
+    flags say: the probe says so, and the space leaves bf16 out with the measured figure.
+    Uncapped, a CPU with AMX runs them faster than fp32 (0.17x here)."""
+    from autotune.definition.space import SearchSpace
+    from autotune.launch.hardware import _cpuinfo, target_of
+
+    capped = _describe_in_a_new_process(ONEDNN_MAX_CPU_ISA="AVX2")
+    assert capped["bf16_native"] is False and capped["bf16_matmul_ratio"] > 3, capped
+    target = target_of(
+        {**capped, "node_count": 1},
+        backend="gloo",
+        world_size=2,
+        global_batch=128,
+        cpus_per_rank=1,
+        free_batch=False,
+    )
+    space = SearchSpace.load("default").resolve(target)
+    said = [str(d) for d in space.dropped if str(d).startswith("precision=bf16")]
+    assert said and f"took {capped['bf16_matmul_ratio']:.1f}x the time of fp32" in said[0]
+    if "amx_bf16" in _cpuinfo()[1]:
+        uncapped = _describe_in_a_new_process()
+        assert uncapped["bf16_native"] is True and uncapped["bf16_matmul_ratio"] < 1, uncapped
 
 
 def test_re_measurement_runs_take_the_study_s_rerun_windows():
