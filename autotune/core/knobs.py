@@ -121,8 +121,8 @@ def _precision_choice(t: Target, v: Any) -> str | None:
         if t.bf16_ratio is not None:
             return (
                 f"this CPU's bf16 matmuls took {t.bf16_ratio:.1f}x the time of fp32 ones "
-                "(measured): no bf16 units (AVX512-BF16, AMX) run them, and bf16 autocast is "
-                "emulated (a step ran 20x slower than fp32 on such a CPU)"
+                "(measured): bf16 autocast would slow the step (where no bf16 units, "
+                "AVX512-BF16 or AMX, run it, a step ran 20x slower than fp32)"
             )
         return (
             "this CPU has no bf16 units (AVX512-BF16, AMX): bf16 autocast is emulated "
