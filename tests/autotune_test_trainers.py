@@ -45,6 +45,24 @@ def raising(**options) -> Workload:
     return wl
 
 
+def aborting(**options) -> Workload:
+    """Rank 1's process is aborted by glibc while building its model, as a native library's
+    heap corruption ends one: it frees a pointer malloc never gave (``free(): invalid
+    pointer``, SIGABRT). No Python exception: Ray reports only that the process died."""
+    wl = tiny(**options)
+    build = wl.model
+
+    def model():
+        if torch.distributed.is_initialized() and torch.distributed.get_rank() == 1:
+            import ctypes
+
+            ctypes.CDLL(None).free(ctypes.c_void_p(8))
+        return build()
+
+    wl.model = model
+    return wl
+
+
 def failing_when(*, flag: str, **options) -> Workload:
     """The tiny MLP, whose ranks raise in their next step once the file ``flag`` exists
     (where the session is built anew and where it is kept, ``rank.kept``): a run that fails

@@ -17,7 +17,9 @@ autotune keeps:
   and ``Capper`` cuts beside it once a second and once more when the rank no longer writes;
   the rank opens the log with ``O_APPEND``, so what it writes after a cut goes to the new
   end, but output written in the instant of such a cut (between its last look at the size
-  and its truncation) can be lost. A rank's failure is named by its exception, not its log.
+  and its truncation) can be lost. A rank's failure is named by its exception; only a rank
+  whose process died without one is named by the end of its log
+  (``launch.launcher._with_last_words``).
 
 Only the standard library is imported (a rank imports this).
 """

@@ -10,6 +10,8 @@ reason is about the configuration (``FailureReason.learned``).
 
 from __future__ import annotations
 
+import re
+
 from autotune.core.errors import FailureReason, TrialFailed
 
 __all__ = [
@@ -18,6 +20,7 @@ __all__ = [
     "death_line",
     "first_line",
     "gone_away",
+    "last_words",
     "learned_reasons",
 ]
 
@@ -55,6 +58,35 @@ def death_line(text: str) -> str:
         if not line.startswith("\t"):
             return line.strip()[:300]
     return first_line(text)
+
+
+#: Lines a dying process's crash handlers write (Ray's and Abseil's signal handlers, Python's
+#: faulthandler dump of the stack and of the modules loaded), not what went wrong.
+_HANDLER_LINE = re.compile(
+    r"^(\*\*\* SIG|PC: @|@ |\[failure_signal_handler|\[\d{4}-\d\d-\d\d .*logging\.cc|"
+    r"Stack \(most recent|Current thread|Thread 0x|File \"|Extension modules:|\(total: )"
+)
+#: A line that says what killed a process: glibc's ``function(): what`` (``malloc(): unaligned
+#: tcache chunk detected``, ``free(): invalid pointer``), a C++ ``terminate`` and its
+#: ``what()``, Python's ``Fatal Python error: ...``, an error or exception named.
+_FATAL = re.compile(
+    r"^[\w.]+\(\): |corrupt|double free|terminate called|what\(\)|error|exception|abort|"
+    r"fault|killed",
+    re.I,
+)
+
+
+def last_words(text: str, most: int = 2) -> str:
+    """What a process whose death Ray reports wrote of why, from the end of its output
+    ``text``: its last ``most`` distinct lines that say what killed it (``_FATAL``), in the
+    order they first appear, crash handlers' lines left out; "" where none does (a process
+    killed outright, by the OOM killer or ``kill -9``, writes nothing)."""
+    said: list[str] = []
+    for line in text.splitlines():
+        line = line.strip()[:200]
+        if line and not _HANDLER_LINE.search(line) and _FATAL.search(line) and line not in said:
+            said.append(line)
+    return "; ".join(said[-most:])
 
 
 def gone_away(f: TrialFailed) -> bool:

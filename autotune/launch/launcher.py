@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any, TypeVar
 
+from autotune.core import logfile
 from autotune.core.config import MeasureSettings, TrialConfig
 from autotune.core.errors import (
     AutotuneError,
@@ -41,9 +42,10 @@ from autotune.core.results import TrialResult
 from autotune.core.stats import Interval
 from autotune.definition.durations import format_duration
 from autotune.definition.studydef import NODE_WAIT_S
-from autotune.launch.failures import classify, gone_away
+from autotune.launch.failures import classify, gone_away, last_words
 from autotune.launch.hardware import describe
 from autotune.launch.pool import RankPool
+from autotune.rank.env import log_path
 
 __all__ = ["TrialRunner", "first_dead", "local_ranks", "session_key"]
 
@@ -334,7 +336,7 @@ class TrialRunner:
                 keep=session_key(trainer, trainer_options, config, seed) if keep else None,
             )
             refs = self._start_ranks(spec, nodes)
-            results = self._results(refs, nodes, deadline, timeout_s)
+            results = self._results(refs, nodes, deadline, timeout_s, log_dir)
             kept_pool = self.reuse
         finally:
             # Any failure (crash, timeout, nan, oom, node lost, Ctrl-C) kills every rank, and
@@ -357,10 +359,17 @@ class TrialRunner:
         }
 
     def _results(
-        self, refs: dict[Any, int], nodes: dict[int, str], deadline: float, timeout_s: float
+        self,
+        refs: dict[Any, int],
+        nodes: dict[int, str],
+        deadline: float,
+        timeout_s: float,
+        log_dir: str | None,
     ) -> list[RankResult]:
         """Every rank's result, as they come, by ``deadline``: a rank that fails fails the
-        trial (``_root_cause``), one with no result by then fails it with ``timeout``."""
+        trial (``_root_cause``; a rank whose process died, with what its log in ``log_dir``
+        says of why: ``_with_last_words``), one with no result by then fails it with
+        ``timeout``."""
         import ray
         import ray.exceptions as rex
 
@@ -378,7 +387,7 @@ class TrialRunner:
             try:
                 results.append(ray.get(done[0]))
             except rex.RayError as e:
-                first = classify(refs[done[0]], e)
+                first = _with_last_words(classify(refs[done[0]], e), refs[done[0]], log_dir)
                 raise self._root_cause(first, pending, refs, nodes) from None
         return results
 
@@ -461,3 +470,24 @@ class TrialRunner:
         if ray.is_initialized():
             self.pool.drop()
             ray.util.remove_placement_group(self.pg)
+
+
+def _with_last_words(failed: TrialFailed, rank: int, log_dir: str | None) -> TrialFailed:
+    """``failed`` where ``rank``'s process died: with what its own log says of why in place
+    of Ray's account of the death (which names none: "Worker unexpectedly exits with a
+    connection error code 2 ... Some common causes include ..."), and where the whole output
+    is. As it was where nothing was logged, or the log is not on this node."""
+    if log_dir is None or failed.reason != FailureReason.CRASH:
+        return failed
+    if not failed.detail.startswith(f"rank {rank}: its process died"):
+        return failed
+    path = log_path(log_dir, rank)
+    try:
+        words = last_words(logfile.tail(path, logfile.TAIL_READ).decode(errors="replace"))
+    except OSError:
+        return failed
+    if not words:
+        return failed
+    return TrialFailed(
+        FailureReason.CRASH, f"rank {rank}: its process died: {words} (its output: {path})"
+    )

@@ -9,7 +9,12 @@ from collections.abc import Iterator
 
 from autotune.core.logfile import Capper
 
-__all__ = ["output_to", "torchrun_env"]
+__all__ = ["log_path", "output_to", "torchrun_env"]
+
+
+def log_path(log_dir: str, rank: int) -> str:
+    """Where rank ``rank`` of a trial whose logs go to ``log_dir`` writes its output."""
+    return os.path.join(log_dir, f"rank-{rank}.log")
 
 
 @contextlib.contextmanager
@@ -26,7 +31,7 @@ def output_to(log_dir: str | None, rank: int) -> Iterator[None]:
     if log_dir:
         with contextlib.suppress(OSError):
             os.makedirs(log_dir, exist_ok=True)
-            path = os.path.join(log_dir, f"rank-{rank}.log")
+            path = log_path(log_dir, rank)
             # never through a link planted where the log goes (it would write another's file)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     if fd is None:

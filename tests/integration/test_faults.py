@@ -4,6 +4,7 @@ DataLoader workers are gone afterwards, and the runner goes on."""
 from __future__ import annotations
 
 import os
+import platform
 import time
 
 import pytest
@@ -87,6 +88,22 @@ def test_cuda_out_of_memory_is_reason_oom(runner):
     with pytest.raises(TrialFailed) as e:
         run(runner, "cuda_oom")
     assert e.value.reason == "oom" and "CUDA out of memory" in e.value.detail
+
+
+@pytest.mark.skipif(
+    platform.libc_ver()[0] != "glibc", reason="the abort's message is glibc's own wording"
+)
+def test_a_rank_process_that_dies_is_named_by_what_its_own_log_says(runner, tmp_path):
+    """Ray says only that the worker exited ("connection error code 2 ... Some common causes
+    include ..."); the trial's reason is what the dying rank wrote, and where its log is."""
+    with pytest.raises(TrialFailed) as e:
+        run(runner, "aborting", log_dir=str(tmp_path))
+    log = tmp_path / "rank-1.log"
+    assert e.value.reason == "crash"
+    assert e.value.detail.startswith("rank 1: its process died: free(): invalid pointer")
+    assert e.value.detail.endswith(f"(its output: {log})") and log.is_file()
+    assert "common causes" not in e.value.detail
+    run(runner, "tiny")  # the runner goes on, in fresh ranks
 
 
 def test_a_crash_tears_down_the_other_rank(runner, tmp_path):

@@ -8,7 +8,14 @@ import ray.exceptions as rex
 
 from autotune.core.errors import FailureReason, TrialFailed
 from autotune.core.rank_io import MemoryLimitExceeded, NonFiniteLoss
-from autotune.launch.failures import classify, death_line, first_line, gone_away, learned_reasons
+from autotune.launch.failures import (
+    classify,
+    death_line,
+    first_line,
+    gone_away,
+    last_words,
+    learned_reasons,
+)
 
 #: What a surviving gloo rank raised when its peer's node was killed (seen in the node-loss
 #: tests; the path is the one in torch's wheel).
@@ -138,6 +145,74 @@ def test_first_line_skips_traceback_noise_and_is_bounded():
 def test_death_line_is_the_reason_after_rays_indented_details():
     assert death_line(RAY_NODE_DIED).startswith("The actor is dead because its node has died.")
     assert death_line("only one line") == "only one line"
+
+
+#: The end of a rank's log whose process glibc aborted mid-step (a compiled trial that loaded
+#: kernels built for another CPU capability), as Ray's and Abseil's handlers and Python's
+#: faulthandler left it; trimmed.
+GLIBC_ABORT_LOG = "\n".join(
+    (
+        "malloc(): unaligned tcache chunk detected",
+        "*** SIGABRT received at time=1796167087 on cpu 1 ***",
+        "PC: @     0x7fec742a8eec  (unknown)  (unknown)",
+        "    @     0x7fec7425a050   66635920  (unknown)",
+        "[2026-12-01 23:18:07,269 E 4195 4195] logging.cc:474: *** SIGABRT received at "
+        "time=1796167087 on cpu 1 ***",
+        "malloc(): unaligned tcache chunk detected",
+        "[failure_signal_handler.cc : 345] RAW: Signal 6 raised at PC=0x7f655c4a8eec while "
+        "already in AbslFailureSignalHandler()",
+        "Fatal Python error: Aborted",
+        "",
+        "Stack (most recent call first):",
+        '  File "/site-packages/torch/autograd/function.py", line 625 in apply',
+        '  File "/site-packages/torch/_dynamo/eval_frame.py", line 1446 in _fn',
+        "",
+        "Extension modules: msgpack._cmsgpack, google._upb._message, torch._C (total: 61)",
+        "",
+    )
+)
+
+
+def test_a_dead_processs_last_words_are_its_own_not_its_crash_handlers():
+    assert last_words(GLIBC_ABORT_LOG) == (
+        "malloc(): unaligned tcache chunk detected; Fatal Python error: Aborted"
+    )
+    assert last_words("free(): invalid pointer\n*** SIGABRT received at time=1 ***\n") == (
+        "free(): invalid pointer"
+    )
+    assert last_words("malloc_consolidate(): invalid chunk size\n") == (
+        "malloc_consolidate(): invalid chunk size"
+    )
+    cpp = "terminate called after throwing an instance of 'c10::Error'\n  what():  bad thing\n"
+    assert (
+        last_words(cpp)
+        == "terminate called after throwing an instance of 'c10::Error'; what():  bad thing"
+    )
+    # a process killed outright wrote nothing of why: its last ordinary lines are not reasons
+    assert last_words("step 3 loss 0.41\nstep 4 loss 0.40\n") == ""
+    assert last_words("") == ""
+    assert len(last_words("RuntimeError: " + "x" * 1000)) == 200
+
+
+def test_a_rank_that_died_is_named_by_its_own_log_where_it_wrote_one(tmp_path):
+    from autotune.launch.launcher import _with_last_words
+
+    died = TrialFailed(FailureReason.CRASH, "rank 1: its process died (Worker unexpectedly exits)")
+    (tmp_path / "rank-1.log").write_text(GLIBC_ABORT_LOG)
+    named = _with_last_words(died, 1, str(tmp_path))
+    assert named.reason == FailureReason.CRASH
+    assert named.detail == (
+        "rank 1: its process died: malloc(): unaligned tcache chunk detected; Fatal Python "
+        f"error: Aborted (its output: {tmp_path / 'rank-1.log'})"
+    )
+    assert gone_away(named)  # still a process gone: a lost node is still looked for
+    # as it was: no log kept, no log of that rank, nothing said of why, a rank's own error
+    assert _with_last_words(died, 1, None) is died
+    assert _with_last_words(died, 0, str(tmp_path)).detail == died.detail
+    (tmp_path / "rank-1.log").write_text("step 4 loss 0.40\n")
+    assert _with_last_words(died, 1, str(tmp_path)) is died
+    raised = TrialFailed(FailureReason.CRASH, "rank 1: RuntimeError: boom")
+    assert _with_last_words(raised, 1, str(tmp_path)) is raised
 
 
 def test_the_sampler_learns_from_configuration_failures_only():
