@@ -45,10 +45,10 @@ def raising(**options) -> Workload:
     return wl
 
 
-def aborting(**options) -> Workload:
-    """Rank 1's process is aborted by glibc while building its model, as a native library's
-    heap corruption ends one: it frees a pointer malloc never gave (``free(): invalid
-    pointer``, SIGABRT). No Python exception: Ray reports only that the process died."""
+def dying(**options) -> Workload:
+    """Rank 1's process dies in native code while building its model, as one does when a
+    native library finds its heap corrupted: it writes why to its standard error, then reads
+    address 0 (a segfault). No Python exception: Ray reports only that the process died."""
     wl = tiny(**options)
     build = wl.model
 
@@ -56,7 +56,8 @@ def aborting(**options) -> Workload:
         if torch.distributed.is_initialized() and torch.distributed.get_rank() == 1:
             import ctypes
 
-            ctypes.CDLL(None).free(ctypes.c_void_p(8))
+            os.write(2, b"libnative: fatal error: heap corrupted\n")
+            ctypes.string_at(0)
         return build()
 
     wl.model = model
