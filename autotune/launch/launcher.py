@@ -482,10 +482,8 @@ def _with_last_words(failed: TrialFailed, rank: int, log_dir: str | None) -> Tri
     if not failed.detail.startswith(f"rank {rank}: its process died"):
         return failed
     path = log_path(log_dir, rank)
-    try:
-        words = last_words(logfile.tail(path, logfile.TAIL_READ).decode(errors="replace"))
-    except OSError:
-        return failed
+    # a log that is missing, not a regular file or a link reads as empty (logfile.tail)
+    words = last_words(logfile.tail(path, logfile.TAIL_READ).decode(errors="replace"))
     if not words:
         return failed
     return TrialFailed(
