@@ -517,15 +517,22 @@ def test_the_probe_times_bf16_and_reads_the_cpu_flags_only_where_it_cannot(monke
     monkeypatch.setattr(hardware, "_cpuinfo", lambda: (None, frozenset()))  # ARM: no x86 flags
     monkeypatch.setattr(hardware, "bf16_matmul_ratio", lambda: 0.4)
     assert hardware.describe("gloo")["bf16_native"] is True
-    target = hardware.target_of(
-        {**got, "node_count": 1},
+    target = _two_ranks_on(got)
+    assert target.bf16_ratio == 1.6 and not target.bf16_native
+
+
+def _two_ranks_on(hw: dict):
+    """The default workload's target (2 gloo ranks, global batch 128) on probed ``hw``."""
+    from autotune.launch.hardware import target_of
+
+    return target_of(
+        {**hw, "node_count": 1},
         backend="gloo",
         world_size=2,
         global_batch=128,
         cpus_per_rank=1,
         free_batch=False,
     )
-    assert target.bf16_ratio == 1.6 and not target.bf16_native
 
 
 def _describe_in_a_new_process(**env: str) -> dict:
@@ -554,19 +561,11 @@ def test_a_cpu_whose_bf16_runs_emulated_is_told_apart_by_timing_it():
     flags say: the probe says so, and the space leaves bf16 out with the measured figure.
     Uncapped, a CPU with AMX runs them faster than fp32 (0.17x here)."""
     from autotune.definition.space import SearchSpace
-    from autotune.launch.hardware import _cpuinfo, target_of
+    from autotune.launch.hardware import _cpuinfo
 
     capped = _describe_in_a_new_process(ONEDNN_MAX_CPU_ISA="AVX2")
     assert capped["bf16_native"] is False and capped["bf16_matmul_ratio"] > 3, capped
-    target = target_of(
-        {**capped, "node_count": 1},
-        backend="gloo",
-        world_size=2,
-        global_batch=128,
-        cpus_per_rank=1,
-        free_batch=False,
-    )
-    space = SearchSpace.load("default").resolve(target)
+    space = SearchSpace.load("default").resolve(_two_ranks_on(capped))
     said = [str(d) for d in space.dropped if str(d).startswith("precision=bf16")]
     assert said and f"took {capped['bf16_matmul_ratio']:.1f}x the time of fp32" in said[0]
     if "amx_bf16" in _cpuinfo()[1]:
