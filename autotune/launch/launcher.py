@@ -402,7 +402,8 @@ class TrialRunner:
         connection closed), and the rank on the dead node is at first reported as a process
         that died. Wait for the other ranks' errors; when they only say that a peer or a
         process went away, ask the cluster whether a node of the trial (``nodes``: rank ->
-        node id, taken when the trial started) is gone, and prefer ``node_lost``."""
+        node id, taken when the trial started) other than the driver's own is gone, and
+        prefer ``node_lost``."""
         import ray
         import ray.exceptions as rex
 
@@ -423,7 +424,12 @@ class TrialRunner:
             # a rank's own error: the configuration's failure, not the cluster's; or the run
             # killed the ranks itself (the trial is recorded interrupted)
             return first
-        lost = first_dead(nodes)
+        # the driver's own node is not lost while the driver runs on it: only a trial with a
+        # rank elsewhere waits for the cluster's word (a rank killed on a one-node run, by a
+        # crash or the OOM killer, would wait NODE_DEATH_WAIT_S for nothing)
+        own = ray.get_runtime_context().get_node_id()
+        elsewhere = {r: n for r, n in nodes.items() if n != own}
+        lost = first_dead(elsewhere) if elsewhere else None
         if lost is None:
             return first
         return TrialFailed(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -82,6 +83,11 @@ def ray_cluster(cpus: list[int]) -> Iterator[dict]:
     port = free_port()
     worker_ports = [free_port() for _ in cpus[1:]]
     env = {**os.environ, "RAY_AUTH_MODE": "token"}  # a joining node must present the token
+    if not any(k in env for k in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")):
+        # a token of the cluster's own: a test process that started Ray in process carries
+        # one in its environment, but a test run alone (or first) has none, and `ray start`
+        # refuses token authentication without one
+        env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
     address = f"{node_ip()}:{port}"
     try:
         subprocess.run(
