@@ -162,6 +162,13 @@ def test_the_run_says_how_far_its_profile_is_from_the_limit(finished_run):
             "taken again without its trace: the traced probe failed (crash: "
             in (finished_run["stdout"])
         )
+    elif probed["trace"] is None:
+        # the defaults' probe is the first measurement's, which takes no trace: a run of its
+        # own takes it (limit.probe._trace_again), unless the budget left holds none or that
+        # run failed; each says so in a line
+        said = [ln for ln in finished_run["stdout"].splitlines() if "No Chrome trace of " in ln]
+        assert label == "baseline" and said, probed
+        assert "hold no run for it" in said[0] or "its run failed (" in said[0], said
     else:
         trace = json.loads(Path(probed["trace"]).read_text())
         assert "gloo:all_reduce" in {e.get("name") for e in trace["traceEvents"]}
