@@ -88,9 +88,12 @@ def local_ranks(nodes: dict[int, str], world_size: int) -> list[tuple[int, int]]
 
 def first_dead(nodes: dict[int, str], wait_s: float = NODE_DEATH_WAIT_S) -> int | None:
     """The first key of ``nodes`` (rank or bundle -> node id) whose node the cluster reports
-    dead within ``wait_s`` (Ray takes a few seconds to declare a node dead), else None."""
+    dead within ``wait_s`` (Ray takes a few seconds to declare a node dead), else None (at
+    once where ``nodes`` is empty: no node of it can be lost)."""
     import ray
 
+    if not nodes:
+        return None
     until = time.monotonic() + wait_s
     while True:
         alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
@@ -426,10 +429,9 @@ class TrialRunner:
             return first
         # the driver's own node is not lost while the driver runs on it: only a trial with a
         # rank elsewhere waits for the cluster's word (a rank killed on a one-node run, by a
-        # crash or the OOM killer, would wait NODE_DEATH_WAIT_S for nothing)
+        # crash or the OOM killer, waited NODE_DEATH_WAIT_S for nothing)
         own = ray.get_runtime_context().get_node_id()
-        elsewhere = {r: n for r, n in nodes.items() if n != own}
-        lost = first_dead(elsewhere) if elsewhere else None
+        lost = first_dead({r: n for r, n in nodes.items() if n != own})
         if lost is None:
             return first
         return TrialFailed(
