@@ -39,6 +39,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -106,7 +107,22 @@ class _Private:
             else:
                 os.environ[k] = v
         reread_ray_config()
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        _remove_tree(self.temp_dir)
+
+
+def _remove_tree(path: str, wait_s: float = 2.0) -> None:
+    """Remove the instance's temp dir, again while a file appears in it as it goes (a
+    process of the instance that was still ending); what cannot be removed is said."""
+    until = time.monotonic() + wait_s
+    while True:
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path) or time.monotonic() >= until:
+            break
+        time.sleep(0.1)
+    if os.path.lexists(path):
+        logging.getLogger(__name__).warning(
+            "could not remove the local Ray instance's temp dir %s; remove it by hand", path
+        )
 
 
 def _end(reaper: Reaper | None, private: _Private | None) -> None:

@@ -38,12 +38,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["OWNER_ENV", "REAP_GRACE_S", "WATCH_S", "Proc", "Reaper", "read_proc", "subreaper"]
+__all__ = [
+    "KILL_WAIT_S",
+    "OWNER_ENV",
+    "REAP_GRACE_S",
+    "WATCH_S",
+    "Proc",
+    "Reaper",
+    "read_proc",
+    "subreaper",
+]
 
 #: The environment variable that marks the processes of a local instance started here.
 OWNER_ENV = "AUTOTUNE_RAY_OWNER"
 #: Seconds the run's processes get to end by themselves after Ray's shutdown.
 REAP_GRACE_S = 1.5
+#: Seconds the kills get to take effect (and to catch what the killed started meanwhile).
+KILL_WAIT_S = 3.0
 #: Seconds between two looks at the instance while it runs (recording its processes, reaping
 #: the zombies the subreaper gave this process).
 WATCH_S = 5.0
@@ -238,12 +249,17 @@ class Reaper:
             except BaseException as e:  # Ray's error, or a second Ctrl-C: no grace then
                 stopped = e
             until = time.monotonic() + (grace_s if stopped is None else 0)
-            while (left := self.owned()) and time.monotonic() < until:
+            while self.owned() and time.monotonic() < until:
                 self.reap()
                 time.sleep(0.1)
-            killed = {pid: s for pid, s in left.items() if self.send(pid, s, signal.SIGKILL)}
-            until = time.monotonic() + 2.0
-            while killed.keys() & self.owned().keys() and time.monotonic() < until:
+            # Kill in rounds until none is left: a process of the run can start one more
+            # (a worker the raylet forks) between a look and its own kill, and that one, never
+            # killed, would go on writing in the instance's temp dir as it is removed.
+            until = time.monotonic() + KILL_WAIT_S
+            while (left := self.owned()) and time.monotonic() < until:
+                for pid, s in left.items():
+                    if killed.get(pid) != s and self.send(pid, s, signal.SIGKILL):
+                        killed[pid] = s
                 time.sleep(0.05)
             self.reap()
             self.reap({pid: s for pid, s in killed.items() if pid not in self.own})

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from autotune.launch.reaper import OWNER_ENV, Reaper, read_proc
-from tests.conftest import wait_for
+from tests.conftest import wait_for, with_env
 
 #: Holds a file open and sleeps: a rank reading the user's dataset, or the user's own program.
 HOLD = "import sys, time; f = open(sys.argv[1], 'rb'); print('open', flush=True); time.sleep(120)"
@@ -226,3 +226,34 @@ def test_a_second_ctrl_c_while_ray_shuts_down_still_ends_the_runs_processes(star
     with pytest.raises(KeyboardInterrupt):
         Reaper("run-8").end(shutdown=interrupted, grace_s=60)
     assert read_proc(ours.pid) is None
+
+
+#: Forks a child every millisecond, up to 500 (a raylet forking workers), each sleeping.
+SPAWNER = """\
+import os, time
+for _ in range(500):
+    if os.fork() == 0:
+        time.sleep(120)
+        os._exit(0)
+    time.sleep(0.001)
+time.sleep(120)
+"""
+
+
+def test_what_a_process_of_the_run_starts_as_it_is_killed_is_ended_too(adopting):
+    """H-R13: a process of the run that keeps starting others (the raylet forking a worker)
+    can start one between the reaper's look and its own kill; that one is ended as well, so
+    nothing of the run is left to write in its temp dir once ``end`` returns."""
+    reaper = adopting("run-9")
+    spawner = subprocess.Popen([sys.executable, "-c", SPAWNER], env=marked("run-9"))
+    try:
+        assert wait_for(lambda: len(reaper.owned()) > 5, 10)
+        killed = reaper.end(grace_s=0)
+        assert spawner.pid in killed and len(killed) > 5
+        assert reaper.owned() == {}
+        assert not [pid for pid in with_env(OWNER_ENV, "run-9") if alive(pid)]
+    finally:
+        spawner.kill()
+        spawner.wait()
+        for pid in with_env(OWNER_ENV, "run-9"):
+            end_orphan(pid)
