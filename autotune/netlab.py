@@ -301,13 +301,14 @@ def _wait_joined(lab: Lab) -> list[str]:
 
 
 def up(*, nodes: int = 2, rate: str = "1gbit", cpus_per_node: int | None = None) -> Lab:
-    """Build the lab; on any failure tear down what was built and raise."""
-    check_host()
+    """Build the lab; on any failure tear down what was built and raise. The flags are
+    checked before the host, so a mistyped flag is named where the lab could not run."""
     if not 2 <= nodes <= MAX_NODES:
         raise ConfigError(f"--nodes {nodes}: a lab has 2 to {MAX_NODES} nodes")
     rate = parse_rate(rate)
     if cpus_per_node is not None and cpus_per_node < 1:
         raise ConfigError(f"--cpus-per-node {cpus_per_node}: must be at least 1")
+    check_host()
     cpus = cpus_per_node or max(1, (os.cpu_count() or 1) // nodes)
     existing = namespaces()
     if existing:
