@@ -18,7 +18,10 @@ A process is this run's (``Reaper.owned``) when all of these hold:
 No path, program name or command line counts. A signal goes through a pidfd
 (``os.pidfd_open``) after its start time was checked against the record, so a PID that a
 new process took in the meantime is never signalled; without pidfds the start time is checked
-right before ``os.kill``. Zombies that the subreaper made this process's children are reaped
+right before ``os.kill``. ``end`` kills in rounds until none of the run's is left (for up to
+``KILL_WAIT_S``): a process of the run can start another between a look and its own kill (the
+raylet forking a worker), and one never killed went on writing in the instance's temp dir
+while ``close`` removed it. Zombies that the subreaper made this process's children are reaped
 (``os.waitpid`` on their PIDs only, never on the processes Ray started from this one and waits
 for itself), while the instance runs (every ``WATCH_S``: a process below a rank actor that
 Ray replaced is orphaned, and a run lasts hours) and when it ends. Elsewhere than Linux
